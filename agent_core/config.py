@@ -1,0 +1,137 @@
+"""Loading a `RunConfig`: YAML preset or file + `key=value` overrides, validated before any
+heavy work. Errors name the field and say how to fix it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from configs.run_config import RunConfig
+
+__all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message lists each bad field and its fix."""
+
+
+def preset_path(name_or_path: str | Path) -> Path:
+    """A YAML file path, or the preset `configs/<name>.yaml` for a bare name."""
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        return path
+    preset = PRESETS_DIR / f"{name_or_path}.yaml"
+    if not preset.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+        raise ConfigError(f"unknown preset {name_or_path!r}: choose one of {known} or give a path")
+    return preset
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'section.key=value' -> (['section', 'key'], value parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (copies along the path)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+        node[path[-1]] = value
+    return data
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per bad field: its dotted path, pydantic's message and the given value."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(root)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key: remove it or check its spelling (see RunConfig's fields)"
+        lines.append(f"  {where}: {message} (got {item.get('input')!r})")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Validate a plain dict as a `RunConfig` and check every pluggable name exists."""
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    check_names(config)
+    return config
+
+
+def load_config(source: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a preset name or YAML file (None = the defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if source is not None:
+        loaded = yaml.safe_load(preset_path(source).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+        data = loaded
+    return config_from_dict(apply_overrides(data, overrides or []))
+
+
+def check_names(config: RunConfig) -> None:
+    """Resolve env, reward and estimator names now, so a typo fails before any model loads."""
+    from agent_core.algorithms.advantages import ESTIMATORS
+    from agent_core.envs import env_class
+    from agent_core.registry import UnknownNameError, resolve
+    from agent_core.rewards import reward_fn
+
+    checks = [("env.name", lambda: env_class(config.env.name))]
+    checks += [
+        (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n))
+        for i, t in enumerate(config.reward.terms)
+    ]
+    checks.append(
+        (
+            "algorithm.estimator",
+            lambda: resolve("estimator", config.algorithm.estimator, ESTIMATORS),
+        )
+    )
+    problems = []
+    for field, check in checks:
+        try:
+            check()
+        except (UnknownNameError, TypeError) as exc:
+            problems.append(f"  {field}: {exc}")
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def dump_config(config: RunConfig) -> str:
+    """The config as YAML (what a run records next to its data)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def flatten(config: RunConfig) -> dict[str, str]:
+    """Dotted-key view of the config (MLflow params)."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, sub)
+        else:
+            out[prefix] = str(value)
+
+    walk("", config.model_dump(mode="json"))
+    return out

@@ -1,0 +1,39 @@
+"""Environments by name (an explicit dict users may extend) and the factory used by the flows."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from agent_core.context import CONTEXT_POLICIES
+from agent_core.envs.base import AgentEnv
+from agent_core.envs.calculator import CalculatorEnv
+from agent_core.envs.tool_env import ToolEnv
+from agent_core.registry import resolve
+
+ENVS: dict[str, type[AgentEnv]] = {
+    CalculatorEnv.name: CalculatorEnv,
+}
+
+
+def env_class(name: str) -> type[AgentEnv]:
+    """The env class for a configured name ('calculator' or 'package.module:Class')."""
+    cls = resolve("env", name, ENVS)
+    if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):
+        raise TypeError(f"env {name!r} resolves to {cls!r}, which is not an AgentEnv subclass")
+    return cls
+
+
+def make_env(name: str, max_steps: int, few_shot: bool, kwargs: dict[str, Any]) -> AgentEnv:
+    """Build one env instance from config values."""
+    cls = env_class(name)
+    options = dict(kwargs)
+    context = options.pop("context", None)
+    if context is not None:
+        options["context"] = resolve("context policy", context, CONTEXT_POLICIES)()
+    if "few_shot" in inspect.signature(cls).parameters:
+        options.setdefault("few_shot", few_shot)
+    return cls(max_steps=max_steps, **options)
+
+
+__all__ = ["ENVS", "AgentEnv", "CalculatorEnv", "ToolEnv", "env_class", "make_env"]

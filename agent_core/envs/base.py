@@ -1,0 +1,35 @@
+"""The environment contract: `AgentEnv.reset(task) -> Observation`, `step(action) -> StepResult`.
+
+An env also knows its task distribution (`make_task(seed)`) and may expose `anchor_key()`, a
+hashable summary of its current state for step-level grouping (GiGPO).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from agent_core.records import Action, Observation, StepResult, Task
+
+
+class AgentEnv(ABC):
+    """One episode at a time; create one instance per concurrent episode."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def make_task(cls, seed: int) -> Task:
+        """The task instance for `seed` (deterministic: same seed, same task)."""
+
+    @abstractmethod
+    def reset(self, task: Task) -> Observation:
+        """Start an episode on `task` and return the first observation."""
+
+    @abstractmethod
+    def step(self, action: Action) -> StepResult:
+        """Apply the policy's action and return feedback, reward and whether the episode ended."""
+
+    def anchor_key(self) -> str | None:
+        """A hashable key of the current env state (same key = same state), or None."""
+        return None

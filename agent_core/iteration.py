@@ -1,0 +1,461 @@
+"""The phases of one training iteration as plain functions over a run folder.
+
+prepare_run -> collect_shard (per shard) -> score -> commit -> update -> log_iteration.
+Each phase reads its inputs from disk, writes its output atomically, returns a small pydantic
+result, and returns the stored result instead of redoing work that is already complete, so a
+rerun of a crashed iteration resumes where it stopped. `tasks/` wraps each one as a Prefect task.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel
+
+from agent_core import runtime
+from agent_core.agent_flow import AgentFlow
+from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
+from agent_core.algorithms.returns import StepArrays
+from agent_core.config import dump_config, flatten
+from agent_core.envs import env_class, make_env
+from agent_core.envs.tool_calls import CLOSE_TAG
+from agent_core.models import ensure_model_folder
+from agent_core.records import Step, Task
+from agent_core.registry import resolve
+from agent_core.replay.schema import steps_to_table, table_to_steps
+from agent_core.replay.store import (
+    commit_partition,
+    iteration_dir,
+    partition_info,
+    read_ipc,
+    read_partition,
+    write_ipc,
+)
+from agent_core.rewards import group_trajectories, score_steps
+from agent_core.rollout.engine import SamplingParams
+from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
+from agent_core.trainer.batching import TrainRow
+from agent_core.trainer.policy_trainer import metrics_dict
+from configs.run_config import RunConfig
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+LOGGED_MARK = "logged.json"
+
+
+class RunHandle(BaseModel):
+    """Where a run lives and where it (re)starts."""
+
+    run_dir: str
+    mlflow_run_id: str
+    base_model: str
+    start_iteration: int
+    iterations: int
+
+
+class ShardResult(BaseModel):
+    """One rollout shard's staging file and counts."""
+
+    iteration: int
+    shard: int
+    path: str
+    episodes: int
+    steps: int
+    generate_calls: int
+    generated_tokens: int
+    prompt_tokens: int
+    generate_seconds: float
+    seconds: float
+
+
+class ScoreResult(BaseModel):
+    """Scored steps (staging) and the iteration's reward and advantage statistics."""
+
+    iteration: int
+    path: str
+    steps: int
+    trajectories: int
+    metrics: dict[str, float]
+    seconds: float
+
+
+class PartitionResult(BaseModel):
+    """The committed replay partition."""
+
+    iteration: int
+    path: str
+    rows: int
+    sha256: str
+    seconds: float
+
+
+class UpdateResult(BaseModel):
+    """The policy update's metrics and the checkpoint it produced."""
+
+    iteration: int
+    policy_version: int
+    checkpoint: str
+    metrics: dict[str, float]
+    seconds: float
+
+
+class LogResult(BaseModel):
+    """What was logged to MLflow for the iteration."""
+
+    iteration: int
+    mlflow_run_id: str
+    metrics: dict[str, float]
+    dataset_digest: str
+    checkpoint_artifact: str | None
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The folder of this run: `<output_dir>/<name>`."""
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
+    """The checkpoint written by iteration `iteration` (holds policy version `iteration`)."""
+    return run_dir / CHECKPOINTS / f"iter_{iteration:04d}"
+
+
+def policy_weights(run: RunHandle, version: int) -> Path:
+    """The HF folder holding policy `version` (0 = the base model)."""
+    if version == 0:
+        return Path(run.base_model)
+    return checkpoint_dir(Path(run.run_dir), version)
+
+
+def _is_logged(run_dir: Path, iteration: int) -> bool:
+    return (iteration_dir(run_dir, iteration) / LOGGED_MARK).is_file()
+
+
+def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
+    """Make the model folder exist, create or reopen the run folder and its MLflow run, and
+    find the first iteration not yet complete."""
+    from agent_core import tracking
+
+    model = cfg.model
+    base = ensure_model_folder(model.path, model.source, model.tiny_hidden_size, model.tiny_layers)
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, cfg.run.name, flatten(cfg), tags)
+    start = 1
+    while _is_logged(run_dir, start):
+        start += 1
+    return RunHandle(
+        run_dir=str(run_dir),
+        mlflow_run_id=run_id,
+        base_model=str(base.resolve()),
+        start_iteration=start,
+        iterations=cfg.run.iterations,
+    )
+
+
+def iteration_tasks(cfg: RunConfig, iteration: int) -> list[Task]:
+    """The task instances of an iteration: distinct training seeds drawn from the run seed."""
+    rng = random.Random(cfg.run.seed * 1_000_003 + iteration)
+    env = cfg.env
+    seeds = rng.sample(
+        range(env.train_seed_start, env.train_seed_start + env.train_seed_count),
+        cfg.rollout.tasks_per_iteration,
+    )
+    cls = env_class(env.name)
+    return [cls.make_task(seed) for seed in seeds]
+
+
+def _sampling(cfg: RunConfig, iteration: int, shard: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        stop_strings=(CLOSE_TAG,),
+        seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard,
+    )
+
+
+def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
+    """Run this shard's share of the iteration's episodes with policy `iteration - 1` and stage
+    their steps as Arrow IPC."""
+    start = time.perf_counter()
+    folder = iteration_dir(run.run_dir, iteration) / "rollouts"
+    out, meta_file = folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
+    if out.is_file() and meta_file.is_file():
+        return ShardResult.model_validate_json(meta_file.read_text())
+    tasks = iteration_tasks(cfg, iteration)[shard :: cfg.rollout.num_shards]
+    version = iteration - 1
+    engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
+    env_factory = partial(
+        make_env, cfg.env.name, cfg.env.max_steps, cfg.env.few_shot, cfg.env.kwargs
+    )
+    loop = AgentEnvLoop(
+        engine,
+        AgentFlow(engine.tokenizer, cfg.env.tool_prompt),
+        env_factory,
+        _sampling(cfg, iteration, shard),
+        cfg.rollout.max_prompt_tokens,
+    )
+    meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
+    steps, stats = loop.run(tasks, cfg.rollout.group_size, meta)
+    write_ipc(steps_to_table(steps), out)
+    result = ShardResult(
+        iteration=iteration,
+        shard=shard,
+        path=str(out),
+        episodes=stats.episodes,
+        steps=stats.steps,
+        generate_calls=stats.generate_calls,
+        generated_tokens=stats.generated_tokens,
+        prompt_tokens=stats.prompt_tokens,
+        generate_seconds=stats.generate_seconds,
+        seconds=time.perf_counter() - start,
+    )
+    meta_file.write_text(result.model_dump_json())
+    return result
+
+
+def _estimate(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
+    """Fill `return_` and `advantage` of every step; return advantage diagnostics."""
+    arrays = StepArrays.from_columns(
+        [s.group_id for s in steps],
+        [s.trajectory_id for s in steps],
+        [s.step_index for s in steps],
+        [s.reward for s in steps],
+    )
+    algo = cfg.algorithm
+    estimator = resolve("estimator", algo.estimator, ESTIMATORS)
+    result = estimator(arrays, AdvantageOptions(algo.gamma, algo.norm_by_std, algo.epsilon))
+    for step, ret, adv in zip(steps, result.returns, result.advantages, strict=True):
+        step.return_, step.advantage = float(ret), float(adv)
+    adv = np.asarray(result.advantages)
+    return {
+        "advantage/mean": float(adv.mean()) if adv.size else 0.0,
+        "advantage/abs_mean": float(np.abs(adv).mean()) if adv.size else 0.0,
+        "advantage/zero_variance_group_share": result.zero_variance_groups / max(1, result.groups),
+    }
+
+
+def _episode_metrics(steps: list[Step]) -> dict[str, float]:
+    trajectories = list(group_trajectories(steps).values())
+    n = max(1, len(trajectories))
+    totals = [sum(s.reward for s in t) for t in trajectories]
+    return {
+        "reward/mean": float(np.mean(totals)) if totals else 0.0,
+        "reward/std": float(np.std(totals)) if totals else 0.0,
+        "success_rate": sum(t[-1].success for t in trajectories) / n,
+        "episode/steps_mean": len(steps) / n,
+        "episode/truncated_share": sum(t[-1].truncated for t in trajectories) / n,
+        "episode/tool_calls_ok_mean": sum(t[-1].info.get("tool_calls_ok", 0) for t in trajectories)
+        / n,
+        "episode/response_tokens_mean": float(np.mean([len(s.response_ids) for s in steps]))
+        if steps
+        else 0.0,
+    }
+
+
+def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
+    """Apply reward functions and the advantage estimator to the staged steps."""
+    start = time.perf_counter()
+    folder = iteration_dir(run.run_dir, iteration)
+    out, meta_file = folder / "scored.arrow", folder / "scored.json"
+    if out.is_file() and meta_file.is_file():
+        return ScoreResult.model_validate_json(meta_file.read_text())
+    steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
+    tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
+    terms = [(t.name, t.weight) for t in cfg.reward.terms]
+    metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
+    metrics |= _estimate(cfg, steps)
+    metrics |= _episode_metrics(steps)
+    write_ipc(steps_to_table(steps), out)
+    result = ScoreResult(
+        iteration=iteration,
+        path=str(out),
+        steps=len(steps),
+        trajectories=len({s.trajectory_id for s in steps}),
+        metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
+    meta_file.write_text(result.model_dump_json())
+    return result
+
+
+def commit(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
+    """Commit the scored steps as the iteration's replay partition; drop the staging files."""
+    start = time.perf_counter()
+    info = partition_info(run.run_dir, iteration)
+    if info is None:
+        info = commit_partition(run.run_dir, iteration, read_ipc(Path(scored.path)))
+    folder = iteration_dir(run.run_dir, iteration)
+    shutil.rmtree(folder / "rollouts", ignore_errors=True)
+    Path(scored.path).unlink(missing_ok=True)
+    return PartitionResult(
+        iteration=iteration,
+        path=info.path,
+        rows=info.rows,
+        sha256=info.sha256,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def train_rows(table: pa.Table, skip_zero_advantage: bool) -> list[TrainRow]:
+    """Step rows as trainer inputs (optionally without rows whose advantage is exactly 0)."""
+    cols = table.select(
+        ["prompt_ids", "response_ids", "response_logprobs", "advantage"]
+    ).to_pydict()
+    rows = [
+        TrainRow(p, r, lp, a)
+        for p, r, lp, a in zip(
+            cols["prompt_ids"],
+            cols["response_ids"],
+            cols["response_logprobs"],
+            cols["advantage"],
+            strict=True,
+        )
+        if r and not (skip_zero_advantage and a == 0.0)
+    ]
+    return rows
+
+
+def _write_latest(run_dir: Path, iteration: int) -> None:
+    pointer = run_dir / CHECKPOINTS / LATEST
+    tmp = pointer.with_name(LATEST + ".tmp")
+    tmp.write_text(f"iter_{iteration:04d}\n")
+    tmp.replace(pointer)
+
+
+def _prune_checkpoints(run_dir: Path, keep: int) -> None:
+    folders = sorted((run_dir / CHECKPOINTS).glob("iter_[0-9][0-9][0-9][0-9]"))
+    for old in folders[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def update(
+    cfg: RunConfig, run: RunHandle, iteration: int, partition: PartitionResult
+) -> UpdateResult:
+    """Train policy `iteration - 1` on the iteration's steps, save checkpoint `iteration`."""
+    start = time.perf_counter()
+    run_dir = Path(run.run_dir)
+    ckpt = checkpoint_dir(run_dir, iteration)
+    record = iteration_dir(run_dir, iteration) / "update.json"
+    if ckpt.is_dir() and record.is_file():
+        return UpdateResult.model_validate_json(record.read_text())
+    version = iteration - 1
+    trainer = runtime.policy_trainer(cfg, run_dir, version, policy_weights(run, version))
+    rows = train_rows(read_partition(run_dir, iteration), cfg.trainer.skip_zero_advantage)
+    metrics = metrics_dict(trainer.update(rows, iteration))
+    trainer.save(ckpt, {"iteration": iteration, "policy_version": iteration, "metrics": metrics})
+    _write_latest(run_dir, iteration)
+    _prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
+    runtime.mark_trained(run_dir, iteration)
+    result = UpdateResult(
+        iteration=iteration,
+        policy_version=iteration,
+        checkpoint=str(ckpt),
+        metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
+    record.write_text(result.model_dump_json())
+    return result
+
+
+def _samples(steps: list[Step], count: int) -> list[dict]:
+    """A few whole trajectories as readable dicts (text only, no token ids)."""
+    out = []
+    for trajectory in list(group_trajectories(steps).values())[:count]:
+        out.append(
+            {
+                "trajectory_id": trajectory[0].trajectory_id,
+                "task_id": trajectory[0].task_id,
+                "success": trajectory[-1].success,
+                "steps": [
+                    {
+                        "response": s.response_text,
+                        "feedback": s.feedback_text,
+                        "reward": s.reward,
+                        "advantage": s.advantage,
+                        "info": s.info,
+                    }
+                    for s in trajectory
+                ],
+            }
+        )
+    return out
+
+
+def iteration_metrics(
+    shards: list[ShardResult], scored: ScoreResult, partition: PartitionResult, upd: UpdateResult
+) -> dict[str, float]:
+    """Every number MLflow records for one iteration."""
+    gen_tokens = sum(s.generated_tokens for s in shards)
+    gen_seconds = sum(s.generate_seconds for s in shards)
+    metrics = dict(scored.metrics)
+    metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k != "seconds"}
+    metrics |= {
+        "rollout/episodes": float(sum(s.episodes for s in shards)),
+        "rollout/steps": float(sum(s.steps for s in shards)),
+        "rollout/generate_calls": float(sum(s.generate_calls for s in shards)),
+        "rollout/generated_tokens": float(gen_tokens),
+        "throughput/generated_tokens_per_s": gen_tokens / gen_seconds if gen_seconds else 0.0,
+        "throughput/trained_tokens_per_s": upd.metrics.get("trained_tokens", 0.0)
+        / max(upd.metrics.get("seconds", 0.0), 1e-9),
+        "timing_s/collect": max(s.seconds for s in shards),
+        "timing_s/score": scored.seconds,
+        "timing_s/write_replay": partition.seconds,
+        "timing_s/update": upd.seconds,
+    }
+    return metrics
+
+
+def log_iteration(
+    cfg: RunConfig,
+    run: RunHandle,
+    iteration: int,
+    shards: list[ShardResult],
+    scored: ScoreResult,
+    partition: PartitionResult,
+    upd: UpdateResult,
+) -> LogResult:
+    """Log the iteration to MLflow (metrics, step table, checkpoint, samples), then mark it done."""
+    from agent_core import tracking
+
+    run_dir = Path(run.run_dir)
+    mark = iteration_dir(run_dir, iteration) / LOGGED_MARK
+    if mark.is_file():
+        return LogResult.model_validate_json(mark.read_text())
+    start = time.perf_counter()
+    t = cfg.tracking
+    digest = tracking.log_step_table(t, run.mlflow_run_id, iteration, Path(partition.path))
+    artifact = None
+    if t.log_checkpoints and Path(upd.checkpoint).is_dir():
+        artifact = tracking.log_checkpoint(t, run.mlflow_run_id, iteration, Path(upd.checkpoint))
+    if t.sample_trajectories:
+        steps = table_to_steps(read_partition(run_dir, iteration))
+        samples = _samples(steps, t.sample_trajectories)
+        tracking.log_json(t, run.mlflow_run_id, samples, f"trajectories/iter_{iteration:04d}.json")
+    metrics = iteration_metrics(shards, scored, partition, upd)
+    metrics["timing_s/log"] = time.perf_counter() - start
+    tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
+    result = LogResult(
+        iteration=iteration,
+        mlflow_run_id=run.mlflow_run_id,
+        metrics=metrics,
+        dataset_digest=digest,
+        checkpoint_artifact=artifact,
+    )
+    mark.write_text(result.model_dump_json())
+    return result
+
+
+def finish_run(cfg: RunConfig, run: RunHandle, status: str = "FINISHED") -> None:
+    """End the MLflow run and free the run's live engine and trainer."""
+    from agent_core import tracking
+
+    tracking.end_run(cfg.tracking, run.mlflow_run_id, status)
+    runtime.release(Path(run.run_dir))

@@ -1,0 +1,85 @@
+"""The step-level MDP records: Task, Observation, Action, StepResult and the stored `Step`.
+
+A `Step` is one transition (observation -> action -> feedback) with the exact token ids the
+engine was given and sampled; it is the unit of replay and of training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance: what the user asks, the reference answer, and free-form metadata."""
+
+    task_id: str
+    prompt: str
+    answer: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Observation:
+    """What the policy sees before acting: chat messages chosen by the env's context policy.
+
+    `appended` is True when `messages` equals the previous observation's messages plus the
+    model's reply plus new messages, so the prompt may grow by appending tokens (no re-render).
+    """
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    appended: bool = False
+
+
+@dataclass
+class Action:
+    """What the policy produced: the sampled token ids and their decoded text."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class StepResult:
+    """The env's reply to an action: next observation (None when done), reward and feedback."""
+
+    observation: Observation | None
+    reward: float
+    done: bool
+    feedback: str = ""
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Step:
+    """One stored transition; column names match agent_core.replay.schema."""
+
+    run_id: str
+    iteration: int
+    policy_version: int
+    group_id: str
+    trajectory_id: str
+    step_index: int
+    task_id: str
+    env: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    response_text: str
+    feedback_text: str
+    reward: float
+    done: bool
+    truncated: bool
+    anchor_key: str | None = None
+    env_reward: float = 0.0
+    success: bool = False
+    return_: float = 0.0
+    advantage: float = 0.0
+    value: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,74 @@
+"""The one Arrow schema of step rows, and conversion between `Step` records and Arrow tables."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pyarrow as pa
+
+from agent_core.records import Step
+
+SCHEMA_VERSION = 1
+
+STEP_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.int32(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("step_index", pa.int32(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("env", pa.string(), nullable=False),
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("response_text", pa.string(), nullable=False),
+        pa.field("feedback_text", pa.string(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("env_reward", pa.float64(), nullable=False),
+        pa.field("done", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("anchor_key", pa.string(), nullable=True),
+        pa.field("return", pa.float64(), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=False),
+        pa.field("value", pa.float64(), nullable=True),
+        pa.field("info", pa.string(), nullable=False),
+    ],
+    metadata={"steprl.schema_version": str(SCHEMA_VERSION)},
+)
+
+# Step attribute -> column name where they differ (`return` is a Python keyword).
+_COLUMN_OF = {"return_": "return"}
+_ATTR_OF = {v: k for k, v in _COLUMN_OF.items()}
+
+
+def steps_to_table(steps: list[Step]) -> pa.Table:
+    """Column-wise conversion of steps to a table with `STEP_SCHEMA` (info as JSON text)."""
+    columns: dict[str, list] = {}
+    for f in fields(Step):
+        values = [getattr(s, f.name) for s in steps]
+        if f.name == "info":
+            values = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        columns[_COLUMN_OF.get(f.name, f.name)] = values
+    return pa.Table.from_pydict(columns, schema=STEP_SCHEMA)
+
+
+def table_to_steps(table: pa.Table) -> list[Step]:
+    """Inverse of `steps_to_table`."""
+    rows = table.to_pylist()
+    steps = []
+    for row in rows:
+        row["info"] = json.loads(row["info"])
+        steps.append(Step(**{_ATTR_OF.get(k, k): v for k, v in row.items()}))
+    return steps
+
+
+def check_schema(table: pa.Table, where: str) -> None:
+    """Raise a ValueError naming `where` when `table` does not carry the step schema."""
+    if not table.schema.equals(STEP_SCHEMA, check_metadata=False):
+        missing = set(STEP_SCHEMA.names) - set(table.schema.names)
+        detail = sorted(missing) or "column types differ"
+        raise ValueError(f"{where}: not a steprl step table (missing or retyped: {detail})")

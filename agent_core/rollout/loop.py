@@ -1,0 +1,161 @@
+"""`AgentEnvLoop`: runs many episodes at once against one engine, one batched generate per turn.
+
+Every live episode's prompt goes into a single `engine.generate` call per turn; each reply is
+fed to its env and recorded as a `Step` with the exact prompt and response token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from agent_core.agent_flow import AgentFlow
+from agent_core.envs.base import AgentEnv
+from agent_core.records import Action, Observation, Step, StepResult, Task
+from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutMeta:
+    """Identity stamped on every step of a rollout."""
+
+    run_id: str
+    iteration: int
+    policy_version: int
+    env_name: str
+
+
+@dataclass
+class RolloutStats:
+    """Counts and timings of one `AgentEnvLoop.run`."""
+
+    episodes: int = 0
+    steps: int = 0
+    generate_calls: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+    env_errors: int = 0
+
+
+@dataclass
+class _Episode:
+    env: AgentEnv
+    task: Task
+    group_id: str
+    trajectory_id: str
+    obs: Observation
+    prompt_ids: list[int]
+    steps: list[Step] = field(default_factory=list)
+    done: bool = False
+
+
+class AgentEnvLoop:
+    """Concurrent episodes over one `RolloutEngine`."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        flow: AgentFlow,
+        make_env: Callable[[], AgentEnv],
+        sampling: SamplingParams,
+        max_prompt_tokens: int,
+    ) -> None:
+        self.engine = engine
+        self.flow = flow
+        self.make_env = make_env
+        self.sampling = sampling
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def run(
+        self, tasks: list[Task], group_size: int, meta: RolloutMeta
+    ) -> tuple[list[Step], RolloutStats]:
+        """Run `group_size` episodes per task to the end; return their steps in episode order."""
+        stats = RolloutStats()
+        episodes = [self._start(task, j, meta) for task in tasks for j in range(group_size)]
+        stats.episodes = len(episodes)
+        turn = 0
+        while live := [ep for ep in episodes if not ep.done]:
+            params = replace(self.sampling, seed=self.sampling.seed + 7919 * turn)
+            start = time.perf_counter()
+            generations = self.engine.generate([ep.prompt_ids for ep in live], params)
+            stats.generate_seconds += time.perf_counter() - start
+            stats.generate_calls += 1
+            stats.prompt_tokens += sum(len(ep.prompt_ids) for ep in live)
+            stats.generated_tokens += sum(len(g.token_ids) for g in generations)
+            start = time.perf_counter()
+            for ep, gen in zip(live, generations, strict=True):
+                self._advance(ep, gen, meta, stats)
+            stats.env_seconds += time.perf_counter() - start
+            turn += 1
+        steps = [step for ep in episodes for step in ep.steps]
+        stats.steps = len(steps)
+        return steps, stats
+
+    def _start(self, task: Task, index: int, meta: RolloutMeta) -> _Episode:
+        env = self.make_env()
+        obs = env.reset(task)
+        group_id = f"{meta.iteration}:{task.task_id}"
+        return _Episode(env, task, group_id, f"{group_id}:{index}", obs, self.flow.encode(obs))
+
+    def _advance(
+        self, ep: _Episode, gen: Generation, meta: RolloutMeta, stats: RolloutStats
+    ) -> None:
+        text = self.flow.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        action = Action(text=text, token_ids=gen.token_ids, truncated=gen.finish_reason == "length")
+        anchor = ep.env.anchor_key()
+        try:
+            result = ep.env.step(action)
+        except Exception as exc:  # an env bug ends this episode, not the whole rollout
+            log.exception("env %s failed on task %s", meta.env_name, ep.task.task_id)
+            stats.env_errors += 1
+            result = StepResult(None, 0.0, done=True, truncated=True, info={"env_error": repr(exc)})
+        next_ids: list[int] = []
+        if not result.done and result.observation is not None:
+            next_ids = self.flow.extend(ep.obs, ep.prompt_ids, gen.token_ids, result.observation)
+            if len(next_ids) > self.max_prompt_tokens:
+                result.done, result.truncated = True, True
+                result.info["end"] = "max_prompt_tokens"
+        ep.steps.append(self._record(ep, gen, text, result, anchor, meta))
+        ep.done = result.done
+        if not ep.done:
+            ep.obs, ep.prompt_ids = result.observation, next_ids
+
+    def _record(
+        self,
+        ep: _Episode,
+        gen: Generation,
+        text: str,
+        result: StepResult,
+        anchor: str | None,
+        meta: RolloutMeta,
+    ) -> Step:
+        info = dict(result.info)
+        info["finish_reason"] = gen.finish_reason
+        return Step(
+            run_id=meta.run_id,
+            iteration=meta.iteration,
+            policy_version=meta.policy_version,
+            group_id=ep.group_id,
+            trajectory_id=ep.trajectory_id,
+            step_index=len(ep.steps),
+            task_id=ep.task.task_id,
+            env=meta.env_name,
+            prompt_ids=list(ep.prompt_ids),
+            response_ids=list(gen.token_ids),
+            response_logprobs=list(gen.logprobs),
+            response_text=text,
+            feedback_text=result.feedback,
+            reward=float(result.reward),
+            env_reward=float(result.reward),
+            done=bool(result.done),
+            truncated=bool(result.truncated),
+            success=bool(info.get("success", False)),
+            anchor_key=anchor,
+            info=info,
+        )

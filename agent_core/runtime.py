@@ -1,0 +1,88 @@
+"""Live objects of a run inside one process: the rollout engine and the trainer.
+
+Loading a model or building a DeepSpeed engine costs seconds, so each is built once per process
+and reused across iterations; the rollout engine takes the trainer's weights in memory after
+each update. A fresh process (a resumed run) rebuilds both from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.trainer.policy_trainer import PolicyTrainer
+from configs.run_config import RunConfig
+
+
+@dataclass
+class RunRuntime:
+    """The cached engine and trainer of one run folder, with the policy version each holds."""
+
+    engine: HFRolloutEngine | None = None
+    trainer: PolicyTrainer | None = None
+    trainer_version: int = -1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_RUNTIMES: dict[str, RunRuntime] = {}
+_GUARD = threading.Lock()
+
+
+def runtime_for(run_dir: Path) -> RunRuntime:
+    """The process-wide runtime of `run_dir`."""
+    key = str(Path(run_dir).resolve())
+    with _GUARD:
+        return _RUNTIMES.setdefault(key, RunRuntime())
+
+
+def release(run_dir: Path) -> None:
+    """Drop a run's cached engine and trainer (frees their memory)."""
+    with _GUARD:
+        _RUNTIMES.pop(str(Path(run_dir).resolve()), None)
+
+
+def _wants_cuda(accelerator: str) -> bool:
+    import torch
+
+    return accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -> HFRolloutEngine:
+    """An engine holding policy `version`: the cached one, synced from a live trainer, or loaded
+    from the `weights` folder."""
+    rt = runtime_for(run_dir)
+    with rt.lock:
+        if rt.engine is not None and rt.engine.policy_version == version:
+            return rt.engine
+        if rt.engine is not None and rt.trainer is not None and rt.trainer_version == version:
+            rt.engine.load_weights(rt.trainer.state_dict(), version)
+            return rt.engine
+        device = "cuda" if _wants_cuda(cfg.trainer.accelerator) else "cpu"
+        rt.engine = HFRolloutEngine(weights, cfg.rollout.dtype, device, cfg.rollout.threads)
+        rt.engine.policy_version = version
+        return rt.engine
+
+
+def policy_trainer(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -> PolicyTrainer:
+    """A trainer at policy `version`: the cached one, or built from the `weights` checkpoint
+    folder (restoring its DeepSpeed optimizer state when saved)."""
+    rt = runtime_for(run_dir)
+    with rt.lock:
+        if rt.trainer is not None and rt.trainer_version == version:
+            return rt.trainer
+        rt.trainer = PolicyTrainer(weights, cfg.trainer, cfg.rollout.temperature, cfg.run.seed)
+        if version > 0:
+            rt.trainer.load_state(weights)
+        rt.trainer_version = version
+        return rt.trainer
+
+
+def mark_trained(run_dir: Path, version: int) -> None:
+    """Record that the cached trainer now holds policy `version` and sync the engine to it."""
+    rt = runtime_for(run_dir)
+    with rt.lock:
+        rt.trainer_version = version
+        if rt.engine is not None and rt.trainer is not None:
+            rt.engine.load_weights(rt.trainer.state_dict(), version)

@@ -1,0 +1,10 @@
+"""Tools the model can call, by name: an explicit name -> class dict users may extend."""
+
+from agent_core.tools.base import BaseTool, ToolError, ToolResult
+from agent_core.tools.calculator import CalculatorTool
+
+TOOLS: dict[str, type[BaseTool]] = {
+    CalculatorTool.name: CalculatorTool,
+}
+
+__all__ = ["TOOLS", "BaseTool", "CalculatorTool", "ToolError", "ToolResult"]

@@ -1,0 +1,145 @@
+"""MLflow tracking for a training run: one MLflow run per steprl run, metrics per iteration,
+the step table as a dataset input and artifact, checkpoints and sample trajectories.
+
+The only module of agent_core that imports mlflow. All calls go through an explicit
+`MlflowClient` and run id (no global active run), so Prefect worker threads can log safely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.data
+import polars as pl
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+
+from configs.run_config import TrackingSection
+
+RUN_ID_FILE = "mlflow_run_id"
+DEFAULT_DB = "mlflow.db"
+DEFAULT_ARTIFACTS = "mlartifacts"
+MAX_PARAM_CHARS = 6000
+
+
+def tracking_uri(cfg: TrackingSection) -> str:
+    """Configured URI, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db."""
+    if cfg.tracking_uri:
+        return cfg.tracking_uri
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+
+
+def client_for(cfg: TrackingSection) -> MlflowClient:
+    """An MLflow client on the configured store."""
+    return MlflowClient(tracking_uri=tracking_uri(cfg))
+
+
+def _experiment_id(client: MlflowClient, cfg: TrackingSection) -> str:
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if tracking_uri(cfg).startswith("sqlite:"):
+        # a local store keeps artifacts in ./mlartifacts next to the database
+        location = (Path.cwd() / DEFAULT_ARTIFACTS).as_uri()
+    return client.create_experiment(cfg.experiment, artifact_location=location)
+
+
+def start_or_resume_run(
+    cfg: TrackingSection,
+    run_dir: Path,
+    run_name: str,
+    params: dict[str, str],
+    tags: dict[str, str],
+) -> str:
+    """The MLflow run id of this steprl run: the recorded one if it still exists, else a new run
+    with the flattened config as params. Tags are (re)set either way."""
+    client = client_for(cfg)
+    id_file = run_dir / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else ""
+    if run_id:
+        try:
+            client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            run_id = ""
+    if not run_id:
+        run = client.create_run(_experiment_id(client, cfg), run_name=run_name)
+        run_id = run.info.run_id
+        batch = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+        for start in range(0, len(batch), 100):
+            client.log_batch(run_id, params=batch[start : start + 100])
+        id_file.write_text(run_id)
+    else:
+        client.update_run(run_id, status="RUNNING")
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    return run_id
+
+
+def logged_metric_steps(cfg: TrackingSection, run_id: str, key: str) -> list[int]:
+    """Steps (iterations) at which `key` was logged."""
+    return [m.step for m in client_for(cfg).get_metric_history(run_id, key)]
+
+
+def log_metrics(cfg: TrackingSection, run_id: str, step: int, metrics: dict[str, float]) -> None:
+    """Log finite metrics at `step` (the iteration) in one batch."""
+    now = int(time.time() * 1000)
+    rows = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if v == v]
+    for start in range(0, len(rows), 500):
+        client_for(cfg).log_batch(run_id, metrics=rows[start : start + 500])
+
+
+def log_step_table(cfg: TrackingSection, run_id: str, iteration: int, parquet: Path) -> str:
+    """Log the iteration's step table as an MLflow dataset input and as an artifact.
+    Returns the dataset digest."""
+    client = client_for(cfg)
+    frame = pl.read_parquet(parquet)
+    with warnings.catch_warnings():
+        # a file:// source matches two equivalent local source types; MLflow picks one and warns
+        warnings.filterwarnings("ignore", message="The specified dataset source")
+        dataset = mlflow.data.from_polars(
+            frame, source=parquet.resolve().as_uri(), name=f"steps_iter_{iteration:04d}"
+        )
+    tags = [InputTag("mlflow.data.context", f"iteration_{iteration:04d}")]
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags)])
+    client.log_artifact(run_id, str(parquet), artifact_path=f"replay/iter_{iteration:04d}")
+    return dataset.digest
+
+
+def log_checkpoint(cfg: TrackingSection, run_id: str, iteration: int, folder: Path) -> str:
+    """Log the Hugging Face files of a checkpoint folder (not the DeepSpeed state)."""
+    client = client_for(cfg)
+    artifact_path = f"checkpoints/iter_{iteration:04d}"
+    for file in sorted(folder.iterdir()):
+        if file.is_file():
+            client.log_artifact(run_id, str(file), artifact_path=artifact_path)
+    return artifact_path
+
+
+def log_json(cfg: TrackingSection, run_id: str, payload: Any, artifact_file: str) -> None:
+    """Log a JSON document as a text artifact."""
+    text = json.dumps(payload, indent=2, ensure_ascii=False, default=str)
+    client_for(cfg).log_text(run_id, text, artifact_file)
+
+
+def log_text(cfg: TrackingSection, run_id: str, text: str, artifact_file: str) -> None:
+    """Log a text artifact."""
+    client_for(cfg).log_text(run_id, text, artifact_file)
+
+
+def end_run(cfg: TrackingSection, run_id: str, status: str = "FINISHED") -> None:
+    """Mark the MLflow run ended with `status`."""
+    client_for(cfg).set_terminated(run_id, status=status)
+
+
+def list_artifacts(cfg: TrackingSection, run_id: str, path: str | None = None) -> list[str]:
+    """Artifact paths directly under `path`."""
+    return [a.path for a in client_for(cfg).list_artifacts(run_id, path)]

@@ -1,0 +1,1 @@
+"""The policy update: a DeepSpeed engine around the HF model, batching of step rows, checkpoints."""

