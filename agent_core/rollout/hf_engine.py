@@ -144,7 +144,7 @@ class HFRolloutEngine:
         if stop_strings:
             # decode only a short tail: a stop string ends within the last few tokens
             tail_len = max(len(s) for s in stop_strings) + 2
-            tail = self.tokenizer.decode(seq[-tail_len:], skip_special_tokens=False)
+            tail = self.tokenizer.decode(seq[-tail_len:], skip_special_tokens=True)
             if any(s in tail for s in stop_strings):
                 return "stop"
         return None

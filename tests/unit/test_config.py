@@ -1,0 +1,79 @@
+"""RunConfig: every preset loads; bad values fail at load with the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent_core.config import PRESETS_DIR, ConfigError, flatten, load_config
+from configs.run_config import RunConfig
+
+PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
+
+
+def test_presets_exist() -> None:
+    assert {p.stem for p in PRESETS} >= {"calculator_grpo", "smoke"}
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_loads(preset: Path) -> None:
+    config = load_config(preset)
+    assert isinstance(config, RunConfig)
+    assert load_config(preset.stem) == config
+
+
+def test_every_field_has_a_description() -> None:
+    def walk(model: type, prefix: str) -> list[str]:
+        missing = []
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(f"{prefix}{name}")
+            annotation = field.annotation
+            if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+                missing += walk(annotation, f"{prefix}{name}.")
+        return missing
+
+    assert walk(RunConfig, "") == []
+
+
+def test_overrides_are_typed() -> None:
+    config = load_config("smoke", ["trainer.learning_rate=3e-4", "run.iterations=5"])
+    assert config.trainer.learning_rate == 3e-4 and config.run.iterations == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.lr=1"], "trainer.lr: unknown key"),
+        (
+            ["rollout.group_size=0"],
+            "rollout.group_size: Input should be greater than or equal to 1",
+        ),
+        (["trainer.learning_rate=fast"], "trainer.learning_rate: Input should be a valid number"),
+        (["trainer.mini_batch_size=10"], "set mini_batch_size to 8"),
+        (["env.eval_seed_start=5"], "move eval_seed_start to >= 1000000"),
+        (["env.name=chess"], "env.name: unknown env 'chess': choose one of"),
+        (["algorithm.estimator=ppo2"], "algorithm.estimator: unknown estimator 'ppo2'"),
+        (["reward.terms=[{name: vibes}]"], "reward.terms.0.name: unknown reward 'vibes'"),
+        (["run.name=has space"], "run.name: String should match pattern"),
+        (["env.name=nosuchmodule:Env"], "cannot import 'nosuchmodule'"),
+        (["rollout.dtype=float8"], "rollout.dtype: Input should be 'float32' or 'bfloat16'"),
+        (["oops"], "must look like section.key=value"),
+    ],
+)
+def test_bad_config_names_field_and_fix(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("smoke", overrides)
+    assert message in str(info.value)
+
+
+def test_unknown_preset_lists_choices() -> None:
+    with pytest.raises(ConfigError, match="choose one of .*smoke"):
+        load_config("nope")
+
+
+def test_flatten_gives_dotted_params() -> None:
+    flat = flatten(load_config("smoke"))
+    assert flat["trainer.learning_rate"] == "0.001"
+    assert flat["run.name"] == "smoke"
