@@ -36,7 +36,7 @@ def trained(prefect_harness, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_flow_completes_one_iteration(trained) -> None:
-    config, summary, _ = trained
+    _, summary, _ = trained
     assert summary.iterations_run == [1]
     run_dir = Path(summary.run_dir)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_0001"

@@ -72,7 +72,7 @@ def test_extend_keeps_sampled_ids_that_retokenize_differently() -> None:
     assert extended[: len(prompt) + len(response)] == prompt + response
     # what follows the reply is the template's text, tokenized as a fresh render would
     full = flow.encode(second)
-    merged = tok.encode("abab", add_special_tokens=False) + [tok.eos_token_id]
+    merged = [*tok.encode("abab", add_special_tokens=False), tok.eos_token_id]
     assert full[: len(prompt) + len(merged)] == prompt + merged
     assert extended[len(prompt) + len(response) :] == full[len(prompt) + len(merged) :]
 

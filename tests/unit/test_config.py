@@ -69,7 +69,7 @@ def test_bad_config_names_field_and_fix(overrides: list[str], message: str) -> N
 
 
 def test_unknown_preset_lists_choices() -> None:
-    with pytest.raises(ConfigError, match="choose one of .*smoke"):
+    with pytest.raises(ConfigError, match=r"choose one of .*smoke"):
         load_config("nope")
 
 
