@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 
 import pytest
@@ -33,8 +34,9 @@ class ScriptedEngine:
             turns = text.count("<|im_start|>tool") - 2  # minus the two worked examples
             wants = int(text.split("[calls=")[1][0]) if "[calls=" in text else 0
             reply = (CALL % "40 + 2") if turns < wants else "Answer: 42"
-            ids = self.tokenizer.encode(reply, add_special_tokens=False) + [
-                self.tokenizer.eos_token_id
+            ids = [
+                *self.tokenizer.encode(reply, add_special_tokens=False),
+                self.tokenizer.eos_token_id,
             ]
             out.append(Generation(ids, [-0.1] * len(ids), "eos"))
         return out
@@ -73,7 +75,7 @@ def test_one_generate_call_per_turn_over_live_episodes(tiny_tokenizer) -> None:
         assert [s.step_index for s in trajectory] == list(range(len(trajectory)))
         assert trajectory[-1].done and trajectory[-1].success
         assert all(not s.done for s in trajectory[:-1])
-        for prev, nxt in zip(trajectory, trajectory[1:], strict=False):
+        for prev, nxt in itertools.pairwise(trajectory):
             # append-only context: the next prompt extends prompt + sampled response exactly
             assert nxt.prompt_ids[: len(prev.prompt_ids) + len(prev.response_ids)] == (
                 prev.prompt_ids + prev.response_ids
