@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from prefect import flow, runtime
@@ -89,8 +90,27 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     summary = train(config)
-    print(json.dumps(summary.model_dump(), indent=2))
+    print(where_to_look(config, summary))
     return 0
+
+
+def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
+    """The closing message: what ran and where its results are."""
+    uri = (
+        config.tracking.tracking_uri
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or "sqlite:///mlflow.db"
+    )
+    metrics = json.dumps({k: round(v, 4) for k, v in summary.last_metrics.items()}, indent=2)
+    return (
+        f"\nsteprl run '{config.run.name}' finished iterations {summary.iterations_run}\n"
+        f"  last metrics: {metrics}\n"
+        f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
+        f"  MLflow UI:       mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)\n"
+        f"  replay (Arrow):  {summary.run_dir}/iter_*/steps.parquet\n"
+        f"  checkpoints:     {summary.run_dir}/checkpoints/ (latest -> "
+        f"{summary.run_dir}/checkpoints/latest)\n"
+    )
 
 
 if __name__ == "__main__":
