@@ -8,11 +8,13 @@ from typing import Any
 from agent_core.context import CONTEXT_POLICIES
 from agent_core.envs.base import AgentEnv
 from agent_core.envs.calculator import CalculatorEnv
+from agent_core.envs.numberline import NumberLineEnv
 from agent_core.envs.tool_env import ToolEnv
 from agent_core.registry import resolve
 
 ENVS: dict[str, type[AgentEnv]] = {
     CalculatorEnv.name: CalculatorEnv,
+    NumberLineEnv.name: NumberLineEnv,
 }
 
 
@@ -36,4 +38,12 @@ def make_env(name: str, max_steps: int, few_shot: bool, kwargs: dict[str, Any]) 
     return cls(max_steps=max_steps, **options)
 
 
-__all__ = ["ENVS", "AgentEnv", "CalculatorEnv", "ToolEnv", "env_class", "make_env"]
+__all__ = [
+    "ENVS",
+    "AgentEnv",
+    "CalculatorEnv",
+    "NumberLineEnv",
+    "ToolEnv",
+    "env_class",
+    "make_env",
+]

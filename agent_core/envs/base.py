@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from agent_core.context import ContextServices
 from agent_core.records import Action, Observation, StepResult, Task
 
 
@@ -29,6 +30,13 @@ class AgentEnv(ABC):
     @abstractmethod
     def step(self, action: Action) -> StepResult:
         """Apply the policy's action and return feedback, reward and whether the episode ended."""
+
+    def bind_services(self, services: ContextServices) -> None:
+        """Receive model-backed helpers (token counter, text generator) for the context policy.
+
+        Envs without a context policy need none, so the default ignores them.
+        """
+        return None
 
     def anchor_key(self) -> str | None:
         """A hashable key of the current env state (same key = same state), or None."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Any
 
-from agent_core.context import ContextPolicy, FullHistory
+from agent_core.context import ContextPolicy, ContextServices, FullHistory
 from agent_core.envs.base import AgentEnv
 from agent_core.envs.tool_calls import CallError, ToolCall, parse_tool_calls
 from agent_core.records import Action, Message, Observation, StepResult, Task
@@ -46,6 +46,9 @@ class ToolEnv(AgentEnv):
         self.steps = 0
         self.tool_calls_ok = 0
         self.tool_calls_failed = 0
+
+    def bind_services(self, services: ContextServices) -> None:
+        self.context.bind(services)
 
     def reset(self, task: Task) -> Observation:
         self.task = task
