@@ -92,11 +92,15 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
 def check_names(config: RunConfig) -> None:
     """Resolve env, reward and estimator names now, so a typo fails before any model loads."""
     from agent_core.algorithms.advantages import ESTIMATORS
+    from agent_core.context import make_context_policy
     from agent_core.envs import env_class
     from agent_core.registry import UnknownNameError, resolve
     from agent_core.rewards import reward_fn
 
-    checks = [("env.name", lambda: env_class(config.env.name))]
+    checks = [
+        ("env.name", lambda: env_class(config.env.name)),
+        ("env.context", lambda: make_context_policy(config.env.context)),
+    ]
     checks += [
         (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n))
         for i, t in enumerate(config.reward.terms)
@@ -111,7 +115,7 @@ def check_names(config: RunConfig) -> None:
     for field, check in checks:
         try:
             check()
-        except (UnknownNameError, TypeError) as exc:
+        except (UnknownNameError, TypeError, ValueError) as exc:
             problems.append(f"  {field}: {exc}")
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

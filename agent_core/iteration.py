@@ -24,7 +24,6 @@ from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.returns import StepArrays
 from agent_core.config import dump_config, flatten
 from agent_core.envs import env_class, make_env
-from agent_core.envs.tool_calls import CLOSE_TAG
 from agent_core.models import ensure_model_folder
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
@@ -39,6 +38,7 @@ from agent_core.replay.store import (
 )
 from agent_core.rewards import group_trajectories, score_steps
 from agent_core.rollout.engine import SamplingParams
+from agent_core.rollout.hf_engine import HFRolloutEngine
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
@@ -171,14 +171,21 @@ def iteration_tasks(cfg: RunConfig, iteration: int) -> list[Task]:
     return [cls.make_task(seed) for seed in seeds]
 
 
-def _sampling(cfg: RunConfig, iteration: int, shard: int) -> SamplingParams:
-    return SamplingParams(
+def make_loop(
+    cfg: RunConfig, engine: HFRolloutEngine, seed: int, temperature: float | None = None
+) -> AgentEnvLoop:
+    """An episode loop over `engine` for the configured env, context and sampling."""
+    env = cfg.env
+    sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
         top_p=cfg.rollout.top_p,
-        stop_strings=(CLOSE_TAG,),
-        seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard,
+        stop_strings=env_class(env.name).stop_strings,
+        seed=seed,
     )
+    factory = partial(make_env, env.name, env.max_steps, env.few_shot, env.kwargs, env.context)
+    flow = AgentFlow(engine.tokenizer, env.tool_prompt)
+    return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)
 
 
 def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
@@ -192,16 +199,7 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
     tasks = iteration_tasks(cfg, iteration)[shard :: cfg.rollout.num_shards]
     version = iteration - 1
     engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
-    env_factory = partial(
-        make_env, cfg.env.name, cfg.env.max_steps, cfg.env.few_shot, cfg.env.kwargs
-    )
-    loop = AgentEnvLoop(
-        engine,
-        AgentFlow(engine.tokenizer, cfg.env.tool_prompt),
-        env_factory,
-        _sampling(cfg, iteration, shard),
-        cfg.rollout.max_prompt_tokens,
-    )
+    loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
     meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
     steps, stats = loop.run(tasks, cfg.rollout.group_size, meta)
     write_ipc(steps_to_table(steps), out)

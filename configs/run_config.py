@@ -80,6 +80,13 @@ class EnvSection(Section):
         description="Put one worked example exchange (a tool call and its use) in the system "
         "prompt. Small models rarely open a tool call without it.",
     )
+    context: str | dict[str, Any] = Field(
+        "full",
+        description="Context policy: what history enters each observation. 'full' (every "
+        "message; prompts grow by appending tokens), {name: window, last_turns: N}, "
+        "{name: token_budget, max_tokens: N}, {name: summarize, summarizer: rule|policy, "
+        "keep_last_turns: K}, or 'package.module:Class'.",
+    )
     tool_prompt: Literal["hermes", "compact", "none"] = Field(
         "hermes",
         description="How tool schemas enter the system prompt: 'hermes' = JSON schemas in "

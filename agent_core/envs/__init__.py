@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from agent_core.context import CONTEXT_POLICIES
+from agent_core.context import make_context_policy
 from agent_core.envs.base import AgentEnv
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.numberline import NumberLineEnv
@@ -26,14 +26,22 @@ def env_class(name: str) -> type[AgentEnv]:
     return cls
 
 
-def make_env(name: str, max_steps: int, few_shot: bool, kwargs: dict[str, Any]) -> AgentEnv:
-    """Build one env instance from config values."""
+def make_env(
+    name: str,
+    max_steps: int,
+    few_shot: bool,
+    kwargs: dict[str, Any],
+    context: str | dict[str, Any] = "full",
+) -> AgentEnv:
+    """Build one env instance from config values (a fresh context policy per episode)."""
     cls = env_class(name)
     options = dict(kwargs)
-    context = options.pop("context", None)
-    if context is not None:
-        options["context"] = resolve("context policy", context, CONTEXT_POLICIES)()
-    if "few_shot" in inspect.signature(cls).parameters:
+    accepted = inspect.signature(cls).parameters
+    if "context" in accepted:
+        options["context"] = make_context_policy(context)
+    elif context != "full":
+        raise ValueError(f"env {name!r} takes no context policy; leave env.context at 'full'")
+    if "few_shot" in accepted:
         options.setdefault("few_shot", few_shot)
     return cls(max_steps=max_steps, **options)
 

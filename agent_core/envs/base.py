@@ -17,6 +17,8 @@ class AgentEnv(ABC):
     """One episode at a time; create one instance per concurrent episode."""
 
     name: ClassVar[str]
+    #: text that ends a reply early (the env acts on what came before it)
+    stop_strings: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_core.context import ContextPolicy, ContextServices, FullHistory
 from agent_core.envs.base import AgentEnv
-from agent_core.envs.tool_calls import CallError, ToolCall, parse_tool_calls
+from agent_core.envs.tool_calls import CLOSE_TAG, CallError, ToolCall, parse_tool_calls
 from agent_core.records import Action, Message, Observation, StepResult, Task
 from agent_core.tools.base import BaseTool, ToolResult
 
@@ -24,6 +24,7 @@ class ToolEnv(AgentEnv):
     """A tool-use episode: system prompt, optional worked examples, the task, then tool turns."""
 
     name = "tool_env"
+    stop_strings = (CLOSE_TAG,)  # a call is complete: run it rather than let the model go on
 
     def __init__(
         self,

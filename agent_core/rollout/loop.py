@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from agent_core.agent_flow import AgentFlow
+from agent_core.context import ContextServices
 from agent_core.envs.base import AgentEnv
-from agent_core.records import Action, Observation, Step, StepResult, Task
+from agent_core.records import Action, Message, Observation, Step, StepResult, Task
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)
+SUMMARY_TOKENS = 96  # budget of a policy-written history summary
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,26 @@ class AgentEnvLoop:
 
     def _start(self, task: Task, index: int, meta: RolloutMeta) -> _Episode:
         env = self.make_env()
+        env.bind_services(self._services(env))
         obs = env.reset(task)
         group_id = f"{meta.iteration}:{task.task_id}"
         return _Episode(env, task, group_id, f"{group_id}:{index}", obs, self.flow.encode(obs))
+
+    def _services(self, env: AgentEnv) -> ContextServices:
+        """Token counting and text generation with this loop's tokenizer and engine, for
+        context policies that budget tokens or summarise with the policy model itself."""
+        tools = [tool.schema() for tool in getattr(env, "tools", {}).values()]
+
+        def count_tokens(messages: list[Message]) -> int:
+            return len(self.flow.encode(Observation(messages, tools)))
+
+        def generate_text(messages: list[Message]) -> str:
+            prompt = self.flow.encode(Observation(messages, tools))
+            params = replace(self.sampling, max_new_tokens=SUMMARY_TOKENS, stop_strings=())
+            (gen,) = self.engine.generate([prompt], params)
+            return self.flow.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+        return ContextServices(count_tokens=count_tokens, generate_text=generate_text)
 
     def _advance(
         self, ep: _Episode, gen: Generation, meta: RolloutMeta, stats: RolloutStats
