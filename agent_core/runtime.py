@@ -43,7 +43,7 @@ def release(run_dir: Path) -> None:
         _RUNTIMES.pop(str(Path(run_dir).resolve()), None)
 
 
-def _wants_cuda(accelerator: str) -> bool:
+def wants_cuda(accelerator: str) -> bool:
     import torch
 
     return accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
@@ -59,7 +59,7 @@ def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -
         if rt.engine is not None and rt.trainer is not None and rt.trainer_version == version:
             rt.engine.load_weights(rt.trainer.state_dict(), version)
             return rt.engine
-        device = "cuda" if _wants_cuda(cfg.trainer.accelerator) else "cpu"
+        device = "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu"
         rt.engine = HFRolloutEngine(weights, cfg.rollout.dtype, device, cfg.rollout.threads)
         rt.engine.policy_version = version
         return rt.engine

@@ -84,6 +84,30 @@ def start_or_resume_run(
     return run_id
 
 
+def start_child_run(
+    cfg: TrackingSection, run_name: str, params: dict[str, str], tags: dict[str, str]
+) -> str:
+    """A new MLflow run (e.g. an evaluation); tag `mlflow.parentRunId` to nest it under another."""
+    client = client_for(cfg)
+    run = client.create_run(_experiment_id(client, cfg), run_name=run_name, tags=tags)
+    batch = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+    for start in range(0, len(batch), 100):
+        client.log_batch(run.info.run_id, params=batch[start : start + 100])
+    return run.info.run_id
+
+
+def recorded_run_id(run_dir: Path) -> str | None:
+    """The MLflow run id a steprl run folder recorded, if any."""
+    id_file = run_dir / RUN_ID_FILE
+    return id_file.read_text().strip() if id_file.is_file() else None
+
+
+def log_table(cfg: TrackingSection, run_id: str, parquet: Path, artifact_file: str) -> None:
+    """Log a Parquet table as an MLflow table artifact (shown in the run's artifact view)."""
+    frame = pl.read_parquet(parquet)
+    client_for(cfg).log_table(run_id, data=frame.to_pandas(), artifact_file=artifact_file)
+
+
 def logged_metric_steps(cfg: TrackingSection, run_id: str, key: str) -> list[int]:
     """Steps (iterations) at which `key` was logged."""
     return [m.step for m in client_for(cfg).get_metric_history(run_id, key)]

@@ -271,6 +271,29 @@ class TrackingSection(Section):
     )
 
 
+class EvalSection(Section):
+    """Evaluation on held-out seeds (the env's eval range), standalone or during training."""
+
+    episodes: int = Field(
+        32, ge=1, description="Held-out task instances evaluated (the first N eval seeds)."
+    )
+    samples_per_task: int = Field(
+        1,
+        ge=1,
+        description="Samples per task (n); pass@k is reported for k = 1 and k = n. Needs "
+        "temperature > 0 to be more than one distinct sample.",
+    )
+    temperature: float = Field(
+        0.0, ge=0.0, description="Sampling temperature for evaluation; 0 = greedy."
+    )
+    every: int = Field(
+        0,
+        ge=0,
+        description="During training, evaluate every K iterations (and the base policy before "
+        "iteration 1) and log eval/* metrics; 0 = never.",
+    )
+
+
 class RunConfig(Section):
     """Everything one training run needs, in sections."""
 
@@ -284,3 +307,4 @@ class RunConfig(Section):
     )
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Policy update.")
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="MLflow.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation.")

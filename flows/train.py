@@ -15,6 +15,7 @@ from prefect import flow, runtime
 from pydantic import BaseModel
 
 from agent_core.config import ConfigError, RunConfig, load_config
+from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,
     finish_run,
@@ -41,7 +42,10 @@ def train(config: RunConfig) -> TrainSummary:
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id), "steprl.run_name": config.run.name}
     run = prepare_run(config, tags)
     done, metrics = [], {}
+    every = config.eval.every
     try:
+        if every and run.start_iteration == 1:
+            evaluate_policy(config, run, 0)  # the base policy: the curve's starting point
         for k in range(run.start_iteration, config.run.iterations + 1):
             shard_futures = [
                 collect_rollouts.submit(config, run, k, shard)
@@ -53,6 +57,8 @@ def train(config: RunConfig) -> TrainSummary:
             updated = update_policy(config, run, k, partition)
             logged = log_iteration(config, run, k, shards, scored, partition, updated)
             metrics = logged.metrics
+            if every and (k % every == 0 or k == config.run.iterations):
+                metrics = metrics | evaluate_policy(config, run, k).metrics
             done.append(k)
             print(
                 f"iteration {k}: reward/mean={metrics['reward/mean']:.3f} "

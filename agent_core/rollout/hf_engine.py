@@ -22,8 +22,13 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [B, V]; return (tokens [B], log-probs [B]).
 
-    Log-probs are of log_softmax(logits / T) over the whole vocabulary.
+    Log-probs are of log_softmax(logits / T) over the whole vocabulary; T = 0 means greedy
+    (argmax), with log-probs of the untempered distribution.
     """
+    if temperature == 0.0:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        tokens = logprobs.argmax(-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     probs = logprobs.exp()
     if top_p < 1.0:

@@ -1,0 +1,224 @@
+"""Held-out evaluation of a policy: success rate, pass@k, mean reward and steps per episode,
+with a per-episode table. Tasks come from the env's eval seed range, disjoint from training.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from pydantic import BaseModel
+
+from agent_core.envs import env_class
+from agent_core.records import Step, Task
+from agent_core.rewards import group_trajectories, score_steps
+from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.loop import RolloutMeta
+from configs.run_config import RunConfig
+
+EVAL_SEED_OFFSET = 9_973  # sampling seed of evaluation, apart from training's
+
+
+class EvalOutcome(BaseModel):
+    """Aggregate metrics of one evaluation and where its per-episode table is."""
+
+    policy_version: int
+    checkpoint: str
+    metrics: dict[str, float]
+    table_path: str
+
+
+def eval_tasks(cfg: RunConfig) -> list[Task]:
+    """The first `eval.episodes` held-out tasks (never a training seed: config validation
+    keeps the two seed ranges disjoint)."""
+    env = cfg.env
+    count = min(cfg.eval.episodes, env.eval_seed_count)
+    cls = env_class(env.name)
+    return [cls.make_task(env.eval_seed_start + i) for i in range(count)]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c succeeded: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def episode_table(steps: list[Step], tasks: dict[str, Task]) -> pl.DataFrame:
+    """One row per episode: task, sample index, success, total reward, steps, final reply."""
+    rows = []
+    for trajectory_id, trajectory in group_trajectories(steps).items():
+        last = trajectory[-1]
+        rows.append(
+            {
+                "task_id": last.task_id,
+                "seed": tasks[last.task_id].meta.get("seed", -1),
+                "sample": int(trajectory_id.rsplit(":", 1)[1]),
+                "success": bool(last.success),
+                "reward": float(sum(s.reward for s in trajectory)),
+                "steps": len(trajectory),
+                "truncated": bool(last.truncated),
+                "tool_calls_ok": int(last.info.get("tool_calls_ok", 0)),
+                "final_response": last.response_text,
+            }
+        )
+    return pl.DataFrame(rows).sort(["task_id", "sample"])
+
+
+def table_metrics(table: pl.DataFrame, samples_per_task: int) -> dict[str, float]:
+    """Aggregate an episode table: success rate, pass@1 and pass@n, mean reward and steps."""
+    per_task = table.group_by("task_id").agg(
+        pl.len().alias("n"), pl.col("success").sum().alias("c")
+    )
+    metrics = {
+        "eval/success_rate": float(table["success"].mean()),
+        "eval/reward_mean": float(table["reward"].mean()),
+        "eval/steps_mean": float(table["steps"].mean()),
+        "eval/episodes": float(table.height),
+        "eval/tasks": float(per_task.height),
+    }
+    for k in sorted({1, samples_per_task}):
+        values = [pass_at_k(n, c, k) for n, c in per_task.select("n", "c").iter_rows()]
+        metrics[f"eval/pass_at_{k}"] = float(np.mean(values))
+    return metrics
+
+
+def evaluate_policy(
+    cfg: RunConfig,
+    engine: HFRolloutEngine,
+    version: int,
+    checkpoint: str,
+    out_dir: Path,
+) -> EvalOutcome:
+    """Run the held-out episodes with `engine`, score them, write the table, aggregate."""
+    from agent_core.iteration import make_loop
+
+    tasks = eval_tasks(cfg)
+    loop = make_loop(
+        cfg, engine, seed=cfg.run.seed + EVAL_SEED_OFFSET, temperature=cfg.eval.temperature
+    )
+    meta = RolloutMeta("eval", 0, version, cfg.env.name)
+    steps, _ = loop.run(tasks, cfg.eval.samples_per_task, meta)
+    by_id = {t.task_id: t for t in tasks}
+    score_steps(
+        steps, by_id, [(t.name, t.weight) for t in cfg.reward.terms], cfg.reward.env_reward_weight
+    )
+    table = episode_table(steps, by_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "episodes.parquet"
+    tmp = path.with_name(".episodes.parquet.tmp")
+    table.write_parquet(tmp)
+    tmp.replace(path)
+    metrics = table_metrics(table, cfg.eval.samples_per_task)
+    return EvalOutcome(
+        policy_version=version, checkpoint=checkpoint, metrics=metrics, table_path=str(path)
+    )
+
+
+def resolve_checkpoint(cfg: RunConfig, spec: str) -> tuple[Path, int, str]:
+    """(folder, policy version, label) for 'base', 'latest', 'iter_0003' / '3' (of the
+    configured run), or a path to any HF model folder (version -1 when unknown)."""
+    import json
+
+    from agent_core.iteration import CHECKPOINTS, LATEST, run_dir_of
+    from agent_core.models import ensure_model_folder
+
+    model = cfg.model
+    if spec == "base":
+        folder = ensure_model_folder(
+            model.path, model.source, model.tiny_hidden_size, model.tiny_layers
+        )
+        return folder, 0, "base"
+    checkpoints = run_dir_of(cfg) / CHECKPOINTS
+    if spec == "latest":
+        pointer = checkpoints / LATEST
+        if not pointer.is_file():
+            raise FileNotFoundError(
+                f"run {cfg.run.name!r} has no checkpoint yet ({pointer} missing)"
+            )
+        spec = pointer.read_text().strip()
+    if spec.isdigit():
+        spec = f"iter_{int(spec):04d}"
+    folder = checkpoints / spec if spec.startswith("iter_") else Path(spec)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {spec!r}: {folder} is not a model folder")
+    meta = folder / "steprl.json"
+    version = json.loads(meta.read_text())["policy_version"] if meta.is_file() else -1
+    label = folder.name if spec.startswith("iter_") else folder.name.replace(" ", "_")
+    return folder, int(version), label
+
+
+class EvalRun(BaseModel):
+    """A standalone evaluation: its own MLflow run and the outcome."""
+
+    mlflow_run_id: str
+    parent_run_id: str | None
+    outcome: EvalOutcome
+
+
+def evaluate_in_training(
+    cfg: RunConfig, run_dir: Path, mlflow_run_id: str, version: int
+) -> EvalOutcome:
+    """Evaluate policy `version` of a training run and log eval/* at step `version` to it
+    (done once: a rerun returns the stored outcome)."""
+    from agent_core import runtime, tracking
+    from agent_core.iteration import checkpoint_dir
+
+    out = run_dir / "eval" / f"iter_{version:04d}"
+    marker = out / "result.json"
+    if marker.is_file():
+        return EvalOutcome.model_validate_json(marker.read_text())
+    weights = (
+        resolve_checkpoint(cfg, "base")[0] if version == 0 else checkpoint_dir(run_dir, version)
+    )
+    engine = runtime.rollout_engine(cfg, run_dir, version, weights)
+    outcome = evaluate_policy(cfg, engine, version, str(weights), out)
+    tracking.log_metrics(cfg.tracking, mlflow_run_id, version, outcome.metrics)
+    tracking.log_table(
+        cfg.tracking,
+        mlflow_run_id,
+        Path(outcome.table_path),
+        f"eval/iter_{version:04d}_episodes.json",
+    )
+    marker.write_text(outcome.model_dump_json())
+    return outcome
+
+
+def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> EvalRun:
+    """Evaluate any checkpoint ('base', 'latest', 'iter_k', a folder) in an MLflow run of its
+    own, nested under the training run of `cfg.run.name` when that run exists."""
+    from agent_core import tracking
+    from agent_core.config import flatten
+    from agent_core.iteration import run_dir_of
+    from agent_core.runtime import wants_cuda
+
+    folder, version, label = resolve_checkpoint(cfg, spec)
+    run_dir = run_dir_of(cfg)
+    parent = tracking.recorded_run_id(run_dir)
+    all_tags = {"steprl.kind": "eval", "steprl.checkpoint": str(folder), **tags}
+    if parent:
+        all_tags |= {"mlflow.parentRunId": parent, "steprl.train_run_id": parent}
+    params = {
+        k: v
+        for k, v in flatten(cfg).items()
+        if k.split(".")[0] in {"eval", "env", "model", "rollout"}
+    }
+    params["checkpoint"] = str(folder)
+    run_id = tracking.start_child_run(
+        cfg.tracking, f"eval-{cfg.run.name}-{label}", params, all_tags
+    )
+    try:
+        device = "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu"
+        engine = HFRolloutEngine(folder, cfg.rollout.dtype, device, cfg.rollout.threads)
+        outcome = evaluate_policy(
+            cfg, engine, version, str(folder), run_dir / "evaluations" / label
+        )
+        tracking.log_metrics(cfg.tracking, run_id, max(version, 0), outcome.metrics)
+        tracking.log_table(cfg.tracking, run_id, Path(outcome.table_path), "eval/episodes.json")
+    except BaseException:
+        tracking.end_run(cfg.tracking, run_id, "FAILED")
+        raise
+    tracking.end_run(cfg.tracking, run_id, "FINISHED")
+    return EvalRun(mlflow_run_id=run_id, parent_run_id=parent, outcome=outcome)

@@ -1,0 +1,25 @@
+"""Prefect tasks of evaluation: held-out episodes of a checkpoint, one verb each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from agent_core import evaluation
+from agent_core.evaluation import EvalOutcome, EvalRun
+from agent_core.iteration import RunHandle
+from configs.run_config import RunConfig
+
+
+@task(name="evaluate_policy", cache_policy=NONE)
+def evaluate_policy(config: RunConfig, run: RunHandle, version: int) -> EvalOutcome:
+    """Evaluate policy `version` of a training run; eval/* metrics go to that run."""
+    return evaluation.evaluate_in_training(config, Path(run.run_dir), run.mlflow_run_id, version)
+
+
+@task(name="evaluate_checkpoint", cache_policy=NONE)
+def evaluate_checkpoint(config: RunConfig, checkpoint: str, tags: dict[str, str]) -> EvalRun:
+    """Evaluate a checkpoint in an MLflow run of its own (nested under the training run)."""
+    return evaluation.evaluate_checkpoint(config, checkpoint, tags)
