@@ -1,6 +1,73 @@
-"""Credit assignment and losses: advantage estimators over steps and the policy-gradient loss."""
+"""Credit assignment and losses: advantage estimators over steps, the policy-gradient, KL,
+entropy and value losses, and append-only packing of a trajectory's steps."""
 
-from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions, AdvantageResult
+from agent_core.algorithms.advantages import (
+    ESTIMATOR_NEEDS,
+    ESTIMATORS,
+    AdvantageOptions,
+    AdvantageResult,
+    check_estimator_needs,
+    gae,
+    gigpo,
+    grpo,
+    reinforce_pp,
+    rloo,
+)
+from agent_core.algorithms.losses import (
+    AGG_MODES,
+    KL_ESTIMATORS,
+    PolicyLossOutput,
+    ValueLossOutput,
+    aggregate,
+    clipped_policy_loss,
+    entropy_bonus,
+    kl_penalty,
+    masked_mean,
+    token_entropy,
+    token_logprobs,
+    value_loss,
+)
+from agent_core.algorithms.packing import (
+    PackedSequence,
+    collate_packed,
+    is_append_only,
+    logit_mask,
+    pack_trajectory,
+    scatter_to_packed,
+    split_packed,
+)
 from agent_core.algorithms.returns import StepArrays, discounted_returns
 
-__all__ = ["ESTIMATORS", "AdvantageOptions", "AdvantageResult", "StepArrays", "discounted_returns"]
+__all__ = [
+    "AGG_MODES",
+    "ESTIMATORS",
+    "ESTIMATOR_NEEDS",
+    "KL_ESTIMATORS",
+    "AdvantageOptions",
+    "AdvantageResult",
+    "PackedSequence",
+    "PolicyLossOutput",
+    "StepArrays",
+    "ValueLossOutput",
+    "aggregate",
+    "check_estimator_needs",
+    "clipped_policy_loss",
+    "collate_packed",
+    "discounted_returns",
+    "entropy_bonus",
+    "gae",
+    "gigpo",
+    "grpo",
+    "is_append_only",
+    "kl_penalty",
+    "logit_mask",
+    "masked_mean",
+    "pack_trajectory",
+    "reinforce_pp",
+    "rloo",
+    "scatter_to_packed",
+    "split_packed",
+    "token_entropy",
+    "token_logprobs",
+    "value_loss",
+]

@@ -1,6 +1,5 @@
-"""Advantage estimators on step rows, by name. Each is pure: StepArrays (+ options) -> arrays.
-
-Every estimator returns `(returns [N], advantages [N])` for the N steps of a batch.
+"""Advantage estimators on step rows, by name, and what each needs from the run (a value head,
+env anchor states). Each is pure: StepArrays (+ options) -> per-step returns and advantages.
 """
 
 from __future__ import annotations
@@ -10,21 +9,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent_core.algorithms.returns import StepArrays, discounted_returns, trajectory_groups
+from agent_core.algorithms.returns import (
+    StepArrays,
+    dense_steps,
+    discounted_returns,
+    first_step_scores,
+    returns_to_go,
+    trajectory_groups,
+    trajectory_lengths,
+)
 
 
 @dataclass(frozen=True)
 class AdvantageOptions:
     """Options shared by estimators (each reads those it needs)."""
 
-    gamma: float = 1.0
-    norm_by_std: bool = True
-    epsilon: float = 1e-6
+    gamma: float = 1.0  # discount across agent steps (all estimators)
+    norm_by_std: bool = True  # grpo, gigpo: divide by the group std (False = Dr. GRPO)
+    epsilon: float = 1e-6  # added to every std before dividing
+    lam: float = 0.95  # gae: GAE lambda
+    kl_coef: float = 0.0  # reinforce_pp, gae: reward -= kl_coef * per-step KL
+    whiten_advantages: bool = True  # reinforce_pp, gae: batch-global (A - mean) / std
+    step_advantage_weight: float = 1.0  # gigpo: weight of the anchor-state step advantage
 
 
 @dataclass(frozen=True)
 class AdvantageResult:
-    """Per-step returns and advantages, plus group diagnostics."""
+    """Per-step returns and advantages [N], plus group diagnostics: `groups` is the number of
+    episode groups, `zero_variance_groups` those with one trajectory or equal episode returns
+    (no contrast to learn from; the group-baseline estimators give them advantage 0)."""
 
     returns: np.ndarray
     advantages: np.ndarray
@@ -35,7 +48,7 @@ class AdvantageResult:
 def group_stats(
     scores: np.ndarray, groups: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-group (mean, unbiased std, size) of trajectory `scores` [T] grouped by `groups` [T]."""
+    """Per-group (mean, unbiased std, size) of `scores` [K] grouped by dense ids `groups` [K]."""
     n = int(groups.max()) + 1 if groups.size else 0
     size = np.bincount(groups, minlength=n).astype(np.float64)
     mean = np.bincount(groups, weights=scores, minlength=n) / np.maximum(size, 1)
@@ -44,27 +57,207 @@ def group_stats(
     return mean, std, size
 
 
+def group_normalise(
+    scores: np.ndarray, groups: np.ndarray, options: AdvantageOptions
+) -> tuple[np.ndarray, int]:
+    """`scores` [K] centred (and divided by std + epsilon when `norm_by_std`) within their
+    group; members of a group of one, or of equal scores, get 0. Returns (advantages [K],
+    number of such flat groups)."""
+    mean, std, size = group_stats(scores, groups)
+    flat = (size < 2) | (std <= options.epsilon)
+    centred = scores - mean[groups]
+    if options.norm_by_std:
+        # flat groups are zeroed below; dividing them by 1 avoids 0/0 when epsilon is 0
+        centred = centred / np.where(flat, 1.0, std + options.epsilon)[groups]
+    return np.where(flat[groups], 0.0, centred), int(np.sum(flat))
+
+
+def whiten(values: np.ndarray, epsilon: float) -> np.ndarray:
+    """Batch-global (values - mean) / (unbiased std + epsilon); a single value becomes 0."""
+    if values.size < 2:
+        return values - values.mean() if values.size else values
+    scale = values.std(ddof=1) + epsilon
+    return (values - values.mean()) / scale if scale > 0 else values - values.mean()
+
+
+def _episode_returns(arrays: StepArrays, options: AdvantageOptions) -> np.ndarray:
+    """Each trajectory's discounted return from its step 0. Shape [T]."""
+    return first_step_scores(arrays, discounted_returns(arrays, options.gamma))
+
+
+def _shaped_rewards(arrays: StepArrays, options: AdvantageOptions) -> np.ndarray:
+    """Per-step reward minus `kl_coef` * per-step KL to the reference (KL 0 when absent)."""
+    if arrays.kl is None or options.kl_coef == 0.0:
+        return arrays.reward
+    return arrays.reward - options.kl_coef * arrays.kl
+
+
+def _require(arrays: StepArrays, column: str, estimator: str) -> np.ndarray:
+    values = getattr(arrays, column)
+    if values is None:
+        raise ValueError(
+            f"estimator {estimator!r} needs the per-step {column!r} column; "
+            f"check_estimator_needs({estimator!r}, ...) says how to configure the run"
+        )
+    return values
+
+
 def grpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     """GRPO: each trajectory's return from its first step, centred (and scaled by the unbiased
     std unless `norm_by_std` is False) within its group; every step of the trajectory gets it.
     A group of one, or with equal returns, has zero advantage."""
     returns = discounted_returns(arrays, options.gamma)
-    first = arrays.step == 0
-    scores = np.zeros(int(arrays.trajectory.max()) + 1 if arrays.trajectory.size else 0)
-    scores[arrays.trajectory[first]] = returns[first]
     groups = trajectory_groups(arrays)
+    traj_adv, flat = group_normalise(first_step_scores(arrays, returns), groups, options)
+    n_groups = int(groups.max()) + 1 if groups.size else 0
+    return AdvantageResult(returns, traj_adv[arrays.trajectory], flat, n_groups)
+
+
+def rloo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
+    """RLOO: each trajectory's return minus the mean return of the other trajectories of its
+    group (leave-one-out baseline), broadcast to its steps. A group of one has advantage 0."""
+    returns = discounted_returns(arrays, options.gamma)
+    groups = trajectory_groups(arrays)
+    scores = first_step_scores(arrays, returns)
     mean, std, size = group_stats(scores, groups)
-    centred = scores - mean[groups]
-    if options.norm_by_std:
-        centred = centred / (std[groups] + options.epsilon)
-    flat = (size[groups] < 2) | (std[groups] <= options.epsilon)
-    traj_adv = np.where(flat, 0.0, centred)
-    zero_groups = int(np.sum((size < 2) | (std <= options.epsilon)))
-    return AdvantageResult(returns, traj_adv[arrays.trajectory], zero_groups, int(size.size))
+    n = size[groups]
+    # R_i - (sum_j R_j - R_i) / (n - 1) == n / (n - 1) * (R_i - mean)
+    traj_adv = np.where(n < 2, 0.0, n / np.maximum(n - 1, 1) * (scores - mean[groups]))
+    flat = int(np.sum((size < 2) | (std <= options.epsilon)))
+    return AdvantageResult(returns, traj_adv[arrays.trajectory], flat, int(size.size))
+
+
+def reinforce_pp(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
+    """REINFORCE++: KL-shaped per-step rewards, discounted returns-to-go G_t, whitened over
+    every step of the batch (no group baseline). `returns` are the shaped G_t."""
+    returns = returns_to_go(arrays, _shaped_rewards(arrays, options), options.gamma)
+    advantages = whiten(returns, options.epsilon) if options.whiten_advantages else returns
+    _, flat = group_normalise(_episode_returns(arrays, options), trajectory_groups(arrays), options)
+    n_groups = int(arrays.group.max()) + 1 if arrays.group.size else 0
+    return AdvantageResult(returns, advantages, flat, n_groups)
+
+
+def _terminal_last_steps(arrays: StepArrays) -> np.ndarray:
+    """Per trajectory [T]: did its last step end the episode (done and not truncated)?
+
+    No `done` column = every trajectory ran to its end; a truncated (or unfinished) one is
+    bootstrapped instead, because the episode would have gone on."""
+    n_traj = int(arrays.trajectory.max()) + 1 if arrays.trajectory.size else 0
+    is_last = arrays.step + 1 == trajectory_lengths(arrays)[arrays.trajectory]
+    terminal = np.ones(n_traj, dtype=bool)
+    if arrays.done is not None:
+        terminal[arrays.trajectory[is_last]] = arrays.done[is_last]
+    if arrays.truncated is not None:
+        terminal[arrays.trajectory[is_last]] &= ~arrays.truncated[is_last]
+    return terminal
+
+
+def gae(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
+    """PPO's GAE across steps: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t +
+    gamma lam A_{t+1}; returns = A + V (the critic's targets); advantages whitened over the
+    batch when `whiten_advantages`. Rewards are KL-shaped like reinforce_pp.
+
+    After a trajectory's last step V is 0 if the episode terminated; if it was truncated (or
+    did not finish) the critic was never read at the next state, so the last step's own value
+    V_{T-1} stands in for it as the bootstrap."""
+    values = _require(arrays, "value", "gae")
+    v = dense_steps(arrays, values)  # [T, S]
+    r = dense_steps(arrays, _shaped_rewards(arrays, options))
+    lengths = trajectory_lengths(arrays)
+    last_value = v[np.arange(v.shape[0]), lengths - 1] if v.size else np.zeros(0)
+    bootstrap = np.where(_terminal_last_steps(arrays), 0.0, last_value)
+    adv = np.zeros_like(v)
+    running = np.zeros(v.shape[0])
+    # backward over steps (few), vectorised over trajectories; positions past a trajectory's
+    # end compute garbage that the reset at its last step discards
+    for t in range(v.shape[1] - 1, -1, -1):
+        is_last = lengths - 1 == t
+        next_v = v[:, t + 1] if t + 1 < v.shape[1] else np.zeros(v.shape[0])
+        next_v = np.where(is_last, bootstrap, next_v)
+        delta = r[:, t] + options.gamma * next_v - v[:, t]
+        running = delta + options.gamma * options.lam * np.where(is_last, 0.0, running)
+        adv[:, t] = running
+    advantages = adv[arrays.trajectory, arrays.step]
+    returns = advantages + values
+    if options.whiten_advantages:
+        advantages = whiten(advantages, options.epsilon)
+    _, flat = group_normalise(_episode_returns(arrays, options), trajectory_groups(arrays), options)
+    n_groups = int(arrays.group.max()) + 1 if arrays.group.size else 0
+    return AdvantageResult(returns, advantages, flat, n_groups)
+
+
+def anchor_groups(arrays: StepArrays) -> np.ndarray:
+    """Dense ids [N] of (episode group, anchor state) step groups; a step without an anchor
+    (None) is a group of its own."""
+    anchors = _require(arrays, "anchor", "gigpo")
+    ids = np.empty(arrays.group.size, dtype=np.int64)
+    table: dict[tuple, int] = {}
+    # arbitrary hashable keys: one dict pass (numpy cannot sort mixed objects)
+    for i, (g, a) in enumerate(zip(arrays.group.tolist(), anchors, strict=True)):
+        key = (g, a) if a is not None else (None, i)
+        ids[i] = table.setdefault(key, len(table))
+    return ids
+
+
+def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
+    """GiGPO (verl-agent): the GRPO episode advantage of the trajectory plus
+    `step_advantage_weight` times a step advantage: the step's discounted return G_t
+    normalised (like grpo) among the steps of its episode group that share its anchor state.
+    Anchor groups of one, or of equal G_t, add 0."""
+    step_ids = anchor_groups(arrays)
+    returns = discounted_returns(arrays, options.gamma)
+    groups = trajectory_groups(arrays)
+    episode_adv, flat = group_normalise(first_step_scores(arrays, returns), groups, options)
+    step_adv, _ = group_normalise(returns, step_ids, options)
+    advantages = episode_adv[arrays.trajectory] + options.step_advantage_weight * step_adv
+    n_groups = int(groups.max()) + 1 if groups.size else 0
+    return AdvantageResult(returns, advantages, flat, n_groups)
 
 
 Estimator = Callable[[StepArrays, AdvantageOptions], AdvantageResult]
 
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+    "gae": gae,
+    "gigpo": gigpo,
 }
+
+# What each estimator reads beyond rewards: "value" (a critic head), "anchor" (env states).
+ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {
+    "grpo": frozenset(),
+    "rloo": frozenset(),
+    "reinforce_pp": frozenset(),
+    "gae": frozenset({"value"}),
+    "gigpo": frozenset({"anchor"}),
+}
+
+_NO_VALUE = sorted(n for n, needs in ESTIMATOR_NEEDS.items() if "value" not in needs)
+_NO_ANCHOR = sorted(n for n, needs in ESTIMATOR_NEEDS.items() if "anchor" not in needs)
+
+
+def check_estimator_needs(name: str, has_value_head: bool, env_has_anchor: bool) -> str | None:
+    """None when the run provides what estimator `name` needs, else a message with the fix.
+
+    A 'package.module:attribute' estimator is the user's own and is not checked."""
+    if ":" in name:
+        return None
+    if name not in ESTIMATOR_NEEDS:
+        return (
+            f"algorithm.estimator={name!r} is unknown: choose one of "
+            f"{', '.join(sorted(ESTIMATOR_NEEDS))}, or give 'package.module:attribute'"
+        )
+    problems = []
+    if "value" in ESTIMATOR_NEEDS[name] and not has_value_head:
+        problems.append(
+            f"algorithm.estimator={name!r} needs a value head: set trainer.value_head=true "
+            f"(or use an estimator without a critic: {', '.join(_NO_VALUE)})"
+        )
+    if "anchor" in ESTIMATOR_NEEDS[name] and not env_has_anchor:
+        problems.append(
+            f"algorithm.estimator={name!r} needs anchor states: the configured env does not "
+            "implement AgentEnv.anchor_key(); pick an env that does "
+            f"(or use an estimator without anchors: {', '.join(_NO_ANCHOR)})"
+        )
+    return "; ".join(problems) or None

@@ -1,13 +1,19 @@
-"""Policy-gradient losses on response tokens. Pure torch; shapes documented per function.
-
-Notation: B = rows (steps) in a micro-batch, L = padded sequence length, V = vocabulary.
+"""Policy-gradient losses on response tokens: clipped (dual-clip) policy loss, KL to a frozen
+reference, entropy bonus, clipped value loss, and loss aggregation. Pure torch; shapes per
+function. Notation: B = rows in a micro-batch, L = padded sequence length, V = vocabulary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+# exp() of a log-ratio beyond this overflows or dominates the loss; verl clamps the same way
+MAX_LOG_RATIO = 20.0
 
 
 def token_logprobs(
@@ -33,6 +39,63 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.nn.functional.pad(ent, (1, 0))
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` is 1 (any equal shapes); 0 when the mask is empty."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _sequence_sums(
+    values: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence (sum of values * mask, token count) over sequences with >= 1 masked token.
+
+    A sequence is a row, or with `segments` [B, L] (e.g. a packed row's step of each token,
+    -1 = none) a (row, segment) pair, so packed steps aggregate like unpacked rows."""
+    rows = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(values)
+    keep = mask > 0
+    if segments is not None:
+        keep = keep & (segments >= 0)
+        width = int(segments.max().item()) + 1 if segments.numel() else 1
+        keys = rows * width + segments.clamp(min=0)
+    else:
+        keys = rows
+    _, seq = torch.unique(keys[keep], return_inverse=True)
+    n = int(seq.max().item()) + 1 if seq.numel() else 0
+    weighted = (values * mask)[keep]
+    sums = torch.zeros(n, dtype=weighted.dtype, device=values.device).index_add(0, seq, weighted)
+    counts = torch.zeros(n, dtype=weighted.dtype, device=values.device).index_add(
+        0, seq, mask[keep].to(weighted.dtype)
+    )
+    return sums, counts
+
+
+def aggregate(
+    token_values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    token_count: float | None = None,
+    seq_count: float | None = None,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [B, L] (mask [B, L], 1 = counts) to a scalar.
+
+    "token-mean": sum over masked tokens / `token_count` (default: this call's masked tokens).
+    "seq-mean-token-sum": per-sequence token sums, / `seq_count` (default: this call's
+    non-empty sequences). "seq-mean-token-mean": per-sequence token means, / `seq_count`.
+    Pass the whole mini-batch's count as the denominator when micro-batches accumulate, so
+    their summed gradients equal the mini-batch's. `segments`: see `_sequence_sums`.
+    """
+    if mode == "token-mean":
+        denominator = token_count if token_count is not None else mask.sum().clamp(min=1)
+        return (token_values * mask).sum() / denominator
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}: choose one of {', '.join(AGG_MODES)}")
+    sums, counts = _sequence_sums(token_values, mask, segments)
+    per_seq = sums if mode == "seq-mean-token-sum" else sums / counts.clamp(min=1)
+    denominator = seq_count if seq_count is not None else max(per_seq.numel(), 1)
+    return per_seq.sum() / denominator
+
+
 @dataclass
 class PolicyLossOutput:
     """The scalar loss and detached diagnostics (means over response tokens)."""
@@ -41,11 +104,7 @@ class PolicyLossOutput:
     clip_fraction: float
     approx_kl: float
     ratio_mean: float
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is 1 (any equal shapes); 0 when the mask is empty."""
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+    dual_clip_fraction: float = 0.0
 
 
 def clipped_policy_loss(
@@ -55,24 +114,127 @@ def clipped_policy_loss(
     mask: torch.Tensor,
     clip_eps: float,
     token_count: float | None = None,
+    *,
+    clip_eps_high: float | None = None,
+    clip_ratio_c: float | None = None,
+    mode: str = "token-mean",
+    seq_count: float | None = None,
+    segments: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
-    """PPO/GRPO clipped importance-ratio loss, token-mean over response tokens.
+    """PPO/GRPO clipped importance-ratio loss over response tokens.
 
     logprobs, old_logprobs, mask: [B, L] (mask 1 on response tokens); advantages: [B] (one per
-    step row, broadcast over its tokens). `token_count` is the mean's denominator: pass the
-    response-token count of the whole mini-batch when micro-batches accumulate, so the
-    accumulated gradient is the token-mean over the mini-batch (None = this micro-batch).
+    step row, broadcast over its tokens) or [B, L] (per token, e.g. packed steps). Per token:
+    max(-A r, -A clip(r, 1 - clip_eps, 1 + clip_eps_high)) with clip_eps_high = clip_eps by
+    default; `clip_ratio_c` (> 1, e.g. 3) adds verl's dual clip: for A < 0 the loss is capped
+    at -A * clip_ratio_c. Aggregated by `aggregate(mode, token_count, seq_count, segments)`.
     """
-    adv = advantages[:, None].expand_as(logprobs)
-    log_ratio = (logprobs - old_logprobs) * mask
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (got {clip_ratio_c}); e.g. 3.0")
+    adv = advantages[:, None].expand_as(logprobs) if advantages.dim() == 1 else advantages
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    log_ratio = torch.clamp((logprobs - old_logprobs) * mask, -MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    per_token = torch.maximum(unclipped, clipped) * mask
-    denominator = token_count if token_count is not None else mask.sum().clamp(min=1)
-    loss = per_token.sum() / denominator
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
+    per_token = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        capped = torch.minimum(per_token, -adv * clip_ratio_c)
+        dual = (adv < 0) & (capped < per_token)
+        per_token = torch.where(adv < 0, capped, per_token)
+    loss = aggregate(per_token, mask, mode, token_count, seq_count, segments)
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).float(), mask).item()
         approx_kl = masked_mean(0.5 * log_ratio**2, mask).item()
         ratio_mean = masked_mean(ratio, mask).item()
-    return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean)
+        dual_frac = masked_mean(dual.float(), mask).item()
+    return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean, dual_frac)
+
+
+def _kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+def _kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio**2
+
+
+def _kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    # with d = ref - logp: exp(d) - d - 1 >= 0, unbiased for KL(pi || ref) under pi's samples
+    d = torch.clamp(-log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": _kl_k1,
+    "k2": _kl_k2,
+    "k3": _kl_k3,
+}
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3"
+) -> torch.Tensor:
+    """Per-token KL estimate of the policy to a frozen reference, from sampled-token log-probs.
+
+    logprobs, ref_logprobs: [B, L] -> [B, L]. "k1": logp - ref (unbiased, can be < 0);
+    "k2": 0.5 (logp - ref)^2; "k3": exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0).
+    Aggregate with `aggregate` and add `coef *` it to the loss.
+    """
+    if kind not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL kind {kind!r}: choose one of {', '.join(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[kind](logprobs - ref_logprobs)
+
+
+def entropy_bonus(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+    mode: str = "token-mean",
+    token_count: float | None = None,
+    seq_count: float | None = None,
+) -> torch.Tensor:
+    """The loss term -coef * aggregate(entropy): adding it to the loss rewards entropy.
+
+    entropy, mask: [B, L] (entropy from `token_entropy`, computed with gradients)."""
+    return -coef * aggregate(entropy, mask, mode, token_count, seq_count)
+
+
+@dataclass
+class ValueLossOutput:
+    """The scalar value loss and the share of values where the clipped error was larger."""
+
+    loss: torch.Tensor
+    clip_fraction: float
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    clip_range: float | None,
+    mask: torch.Tensor | None = None,
+    mode: str = "token-mean",
+    token_count: float | None = None,
+    seq_count: float | None = None,
+) -> ValueLossOutput:
+    """PPO clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
+
+    values, old_values, returns: [B] (one value per step row) or [B, L]; mask like them
+    (default all ones). `clip_range` None = unclipped. Aggregated like `aggregate`.
+    """
+    if values.dim() == 1:
+        values, old_values, returns = values[:, None], old_values[:, None], returns[:, None]
+        mask = mask[:, None] if mask is not None else None
+    mask = torch.ones_like(values) if mask is None else mask.to(values.dtype)
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        per_value, clip_frac = 0.5 * unclipped, 0.0
+    else:
+        clipped_v = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        clipped = (clipped_v - returns) ** 2
+        per_value = 0.5 * torch.maximum(unclipped, clipped)
+        clip_frac = masked_mean((clipped > unclipped).float(), mask).item()
+    loss = aggregate(per_value, mask, mode, token_count, seq_count)
+    return ValueLossOutput(loss, clip_frac)

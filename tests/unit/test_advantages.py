@@ -1,0 +1,357 @@
+"""Advantage estimators: each vectorised estimator equals a slow, obviously-correct loop on
+many random batches, plus one hand-computed example each and the needs check."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from agent_core.algorithms.advantages import (
+    ESTIMATOR_NEEDS,
+    ESTIMATORS,
+    AdvantageOptions,
+    check_estimator_needs,
+)
+from agent_core.algorithms.returns import StepArrays, object_column
+
+Row = dict  # keys: group, traj, step, reward, value, anchor, done, truncated, kl
+BATCHES_PER_ESTIMATOR = 250
+
+# ---------------------------------------------------------------- reference loops (slow)
+
+
+def ref_trajectories(rows: list[Row]) -> dict[int, list[int]]:
+    """trajectory id -> row indices in step order."""
+    trajs: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        trajs.setdefault(row["traj"], []).append(i)
+    for idxs in trajs.values():
+        idxs.sort(key=lambda i: rows[i]["step"])
+    return trajs
+
+
+def ref_returns(rows: list[Row], rewards: list[float], gamma: float) -> list[float]:
+    out = [0.0] * len(rows)
+    for idxs in ref_trajectories(rows).values():
+        running = 0.0
+        for i in reversed(idxs):
+            running = rewards[i] + gamma * running
+            out[i] = running
+    return out
+
+
+def ref_normalise(members: dict, opts: AdvantageOptions) -> dict:
+    """members: group key -> {member: score}; returns member -> normalised score."""
+    out = {}
+    for scores in members.values():
+        values = list(scores.values())
+        n = len(values)
+        mean = sum(values) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+        for member, v in scores.items():
+            if n < 2 or std <= opts.epsilon:
+                out[member] = 0.0
+            elif opts.norm_by_std:
+                out[member] = (v - mean) / (std + opts.epsilon)
+            else:
+                out[member] = v - mean
+    return out
+
+
+def ref_episode_returns(rows: list[Row], returns: list[float]) -> dict[int, float]:
+    return {t: returns[idxs[0]] for t, idxs in ref_trajectories(rows).items()}
+
+
+def ref_grpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
+    returns = ref_returns(rows, [r["reward"] for r in rows], opts.gamma)
+    members: dict = {}
+    for t, ret in ref_episode_returns(rows, returns).items():
+        group = rows[ref_trajectories(rows)[t][0]]["group"]
+        members.setdefault(group, {})[t] = ret
+    adv = ref_normalise(members, opts)
+    return returns, [adv[r["traj"]] for r in rows]
+
+
+def ref_rloo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
+    returns = ref_returns(rows, [r["reward"] for r in rows], opts.gamma)
+    episode = ref_episode_returns(rows, returns)
+    group_of = {r["traj"]: r["group"] for r in rows}
+    adv = {}
+    for t, ret in episode.items():
+        others = [o_ret for o, o_ret in episode.items() if o != t and group_of[o] == group_of[t]]
+        adv[t] = ret - sum(others) / len(others) if others else 0.0
+    return returns, [adv[r["traj"]] for r in rows]
+
+
+def ref_whiten(values: list[float], eps: float) -> list[float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return [v - mean for v in values]
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return [(v - mean) / (std + eps) for v in values]
+
+
+def ref_shaped(rows: list[Row], opts: AdvantageOptions) -> list[float]:
+    return [r["reward"] - opts.kl_coef * (r["kl"] if r["kl"] is not None else 0.0) for r in rows]
+
+
+def ref_reinforce_pp(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
+    returns = ref_returns(rows, ref_shaped(rows, opts), opts.gamma)
+    adv = ref_whiten(returns, opts.epsilon) if opts.whiten_advantages else list(returns)
+    return returns, adv
+
+
+def ref_gae(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
+    rewards = ref_shaped(rows, opts)
+    adv = [0.0] * len(rows)
+    for idxs in ref_trajectories(rows).values():
+        last = rows[idxs[-1]]
+        done = last["done"] if last["done"] is not None else True
+        truncated = last["truncated"] if last["truncated"] is not None else False
+        terminal = done and not truncated
+        running = 0.0
+        for pos in range(len(idxs) - 1, -1, -1):
+            i = idxs[pos]
+            if pos == len(idxs) - 1:
+                next_value = 0.0 if terminal else rows[i]["value"]
+                running = 0.0
+            else:
+                next_value = rows[idxs[pos + 1]]["value"]
+            delta = rewards[i] + opts.gamma * next_value - rows[i]["value"]
+            running = delta + opts.gamma * opts.lam * running
+            adv[i] = running
+    returns = [a + r["value"] for a, r in zip(adv, rows, strict=True)]
+    if opts.whiten_advantages:
+        adv = ref_whiten(adv, opts.epsilon)
+    return returns, adv
+
+
+def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
+    returns, episode_adv = ref_grpo(rows, opts)
+    members: dict = {}
+    for i, row in enumerate(rows):
+        key = (row["group"], row["anchor"]) if row["anchor"] is not None else ("alone", i)
+        members.setdefault(key, {})[i] = returns[i]
+    step_adv = ref_normalise(members, opts)
+    adv = [episode_adv[i] + opts.step_advantage_weight * step_adv[i] for i in range(len(rows))]
+    return returns, adv
+
+
+REFERENCES: dict[str, Callable] = {
+    "grpo": ref_grpo,
+    "rloo": ref_rloo,
+    "reinforce_pp": ref_reinforce_pp,
+    "gae": ref_gae,
+    "gigpo": ref_gigpo,
+}
+
+# ---------------------------------------------------------------- random batches
+
+ANCHORS = ["s0", "s1", ("s", 2), 7, None]
+REWARD_KINDS = ["zero", "binary_outcome", "copies", "process", "normal"]
+
+
+def _trajectory_rewards(rng: np.random.Generator, kind: str, length: int) -> list[float]:
+    if kind == "zero":
+        return [0.0] * length
+    if kind in ("binary_outcome", "copies"):
+        return [0.0] * (length - 1) + [float(rng.integers(0, 2))]
+    if kind == "process":
+        return [float(rng.integers(-1, 2)) * 0.5 for _ in range(length)]
+    return rng.normal(size=length).tolist()
+
+
+def random_rows(rng: np.random.Generator) -> tuple[list[Row], dict[str, bool]]:
+    """Groups of 1-4 trajectories of 1-5 steps, dense but permuted ids, rows shuffled."""
+    kind = REWARD_KINDS[rng.integers(len(REWARD_KINDS))]
+    present = {c: bool(rng.random() < 0.8) for c in ("done", "truncated", "kl")}
+    rows: list[Row] = []
+    n_traj = 0
+    for group in range(int(rng.integers(1, 5))):
+        copy_length = int(rng.integers(1, 6))
+        copy_rewards = _trajectory_rewards(rng, kind, copy_length)
+        for _ in range(int(rng.integers(1, 5))):
+            if kind == "copies":  # identical trajectories: a zero-variance group
+                length, rewards = copy_length, copy_rewards
+            else:
+                length = int(rng.integers(1, 6))
+                rewards = _trajectory_rewards(rng, kind, length)
+            for t in range(length):
+                rows.append(
+                    {
+                        "group": group,
+                        "traj": n_traj,
+                        "step": t,
+                        "reward": rewards[t],
+                        "value": float(rng.normal()),
+                        "anchor": ANCHORS[rng.integers(len(ANCHORS))],
+                        # intermediate steps carry noise the estimators must ignore
+                        "done": bool(rng.random() < 0.7) if present["done"] else None,
+                        "truncated": bool(rng.random() < 0.3) if present["truncated"] else None,
+                        "kl": float(abs(rng.normal())) if present["kl"] else None,
+                    }
+                )
+            n_traj += 1
+    group_perm = rng.permutation(max(r["group"] for r in rows) + 1)
+    traj_perm = rng.permutation(n_traj)
+    for row in rows:
+        row["group"], row["traj"] = int(group_perm[row["group"]]), int(traj_perm[row["traj"]])
+    order = rng.permutation(len(rows))
+    return [rows[i] for i in order], present
+
+
+def to_arrays(rows: list[Row], present: dict[str, bool]) -> StepArrays:
+    def column(name: str, dtype: type) -> np.ndarray | None:
+        return np.array([r[name] for r in rows], dtype=dtype) if present[name] else None
+
+    return StepArrays(
+        group=np.array([r["group"] for r in rows], dtype=np.int64),
+        trajectory=np.array([r["traj"] for r in rows], dtype=np.int64),
+        step=np.array([r["step"] for r in rows], dtype=np.int64),
+        reward=np.array([r["reward"] for r in rows], dtype=np.float64),
+        value=np.array([r["value"] for r in rows], dtype=np.float64),
+        anchor=object_column([r["anchor"] for r in rows]),
+        done=column("done", bool),
+        truncated=column("truncated", bool),
+        kl=column("kl", np.float64),
+    )
+
+
+def random_options(rng: np.random.Generator) -> AdvantageOptions:
+    gamma = [1.0, 0.9, float(rng.uniform(0.3, 1.0))][rng.integers(3)]
+    return AdvantageOptions(
+        gamma=gamma,
+        norm_by_std=bool(rng.random() < 0.5),
+        epsilon=1e-6,
+        lam=float(rng.uniform(0.0, 1.0)),
+        kl_coef=[0.0, float(rng.uniform(0.0, 0.5))][rng.integers(2)],
+        whiten_advantages=bool(rng.random() < 0.7),
+        step_advantage_weight=float(rng.uniform(0.0, 2.0)),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_vectorised_equals_reference_loop(name: str) -> None:
+    rng = np.random.default_rng(1234)
+    for batch in range(BATCHES_PER_ESTIMATOR):
+        rows, present = random_rows(rng)
+        opts = random_options(rng)
+        result = ESTIMATORS[name](to_arrays(rows, present), opts)
+        want_returns, want_adv = REFERENCES[name](rows, opts)
+        err = f"{name}, batch {batch}, {opts}"
+        np.testing.assert_allclose(result.returns, want_returns, rtol=0, atol=1e-9, err_msg=err)
+        np.testing.assert_allclose(result.advantages, want_adv, rtol=0, atol=1e-9, err_msg=err)
+        assert result.groups == len({r["group"] for r in rows})
+        assert 0 <= result.zero_variance_groups <= result.groups
+
+
+# ---------------------------------------------------------------- hand-computed examples
+
+
+def _arrays(groups, trajs, steps, rewards, **extra) -> StepArrays:
+    return StepArrays.from_columns(groups, trajs, steps, rewards, **extra)
+
+
+def test_grpo_hand_example() -> None:
+    # traj a: rewards [0, 1] -> returns [0.5, 1] (gamma 0.5); traj b: [0]; singleton group c
+    arrays = _arrays(["g", "g", "g", "h"], ["a", "a", "b", "c"], [0, 1, 0, 0], [0, 1, 0, 5])
+    out = ESTIMATORS["grpo"](arrays, AdvantageOptions(gamma=0.5, epsilon=0.0))
+    np.testing.assert_allclose(out.returns, [0.5, 1.0, 0.0, 5.0])
+    s = 1 / math.sqrt(2)  # episode returns 0.5, 0: mean 0.25, unbiased std 0.25 * sqrt(2)
+    np.testing.assert_allclose(out.advantages, [s, s, -s, 0.0])
+    assert (out.zero_variance_groups, out.groups) == (1, 2)
+    dr = ESTIMATORS["grpo"](arrays, AdvantageOptions(gamma=0.5, norm_by_std=False, epsilon=0.0))
+    np.testing.assert_allclose(dr.advantages, [0.25, 0.25, -0.25, 0.0])
+
+
+def test_rloo_hand_example() -> None:
+    arrays = _arrays(["g", "g", "g", "h"], ["a", "b", "c", "d"], [0, 0, 0, 0], [1, 0, 0, 3])
+    out = ESTIMATORS["rloo"](arrays, AdvantageOptions())
+    np.testing.assert_allclose(out.advantages, [1.0, -0.5, -0.5, 0.0])
+
+
+def test_reinforce_pp_hand_example() -> None:
+    # shaped rewards [1 - 0.5 * 1, 2 - 0] -> G = [0.5 + 0.5 * 2, 2] = [1.5, 2]; traj b: G = [0]
+    arrays = _arrays(["g"] * 3, ["a", "a", "b"], [0, 1, 0], [1, 2, 0], kl=[1, 0, 0])
+    out = ESTIMATORS["reinforce_pp"](arrays, AdvantageOptions(gamma=0.5, kl_coef=0.5, epsilon=0))
+    np.testing.assert_allclose(out.returns, [1.5, 2.0, 0.0])
+    std = math.sqrt(13 / 12)  # mean 7/6, deviations [1/3, 5/6, -7/6]
+    np.testing.assert_allclose(out.advantages, [1 / 3 / std, 5 / 6 / std, -7 / 6 / std])
+
+
+def test_gae_hand_example() -> None:
+    # r = [0, 1], V = [0.5, 0.8], gamma 0.9, lam 0.8
+    opts = AdvantageOptions(gamma=0.9, lam=0.8, whiten_advantages=False)
+    done = _arrays(["g"] * 2, ["a"] * 2, [0, 1], [0, 1], value=[0.5, 0.8], done=[False, True])
+    out = ESTIMATORS["gae"](done, opts)
+    # delta_1 = 1 - 0.8 = 0.2; delta_0 = 0.9 * 0.8 - 0.5 = 0.22; A_0 = 0.22 + 0.72 * 0.2
+    np.testing.assert_allclose(out.advantages, [0.364, 0.2])
+    np.testing.assert_allclose(out.returns, [0.864, 1.0])
+    cut = _arrays(
+        ["g"] * 2, ["a"] * 2, [0, 1], [0, 1], value=[0.5, 0.8], done=[False, True],
+        truncated=[False, True],
+    )  # fmt: skip
+    # truncated: bootstrap with V_1, delta_1 = 1 + 0.9 * 0.8 - 0.8 = 0.92
+    np.testing.assert_allclose(ESTIMATORS["gae"](cut, opts).advantages, [0.22 + 0.72 * 0.92, 0.92])
+
+
+def test_gigpo_hand_example() -> None:
+    # a: anchors s0, s1, rewards 0, 1; b: anchor s0, reward 0; c (other group) also at s0
+    arrays = _arrays(
+        ["g", "g", "g", "h"], ["a", "a", "b", "c"], [0, 1, 0, 0], [0, 1, 0, 1],
+        anchor=["s0", "s1", "s0", "s0"],
+    )  # fmt: skip
+    out = ESTIMATORS["gigpo"](arrays, AdvantageOptions(epsilon=0.0))
+    s = 1 / math.sqrt(2)  # episode: a 1, b 0 -> +-s; step at (g, s0): G 1 vs 0 -> +-s
+    np.testing.assert_allclose(out.returns, [1.0, 1.0, 0.0, 1.0])
+    np.testing.assert_allclose(out.advantages, [2 * s, s, -2 * s, 0.0])
+
+
+# ---------------------------------------------------------------- needs
+
+
+def test_every_estimator_declares_its_needs() -> None:
+    assert set(ESTIMATOR_NEEDS) == set(ESTIMATORS)
+    assert ESTIMATOR_NEEDS["gae"] == {"value"}
+    assert ESTIMATOR_NEEDS["gigpo"] == {"anchor"}
+
+
+def test_check_estimator_needs_messages() -> None:
+    gae_msg = check_estimator_needs("gae", has_value_head=False, env_has_anchor=True)
+    assert gae_msg is not None and "trainer.value_head=true" in gae_msg
+    assert "algorithm.estimator='gae'" in gae_msg
+    gigpo_msg = check_estimator_needs("gigpo", has_value_head=True, env_has_anchor=False)
+    assert gigpo_msg is not None and "anchor_key()" in gigpo_msg
+    assert check_estimator_needs("gae", has_value_head=True, env_has_anchor=False) is None
+    assert check_estimator_needs("gigpo", has_value_head=False, env_has_anchor=True) is None
+    for name in ("grpo", "rloo", "reinforce_pp", "my.module:estimator"):
+        assert check_estimator_needs(name, has_value_head=False, env_has_anchor=False) is None
+    unknown = check_estimator_needs("gea", has_value_head=True, env_has_anchor=True)
+    assert unknown is not None and "choose one of" in unknown
+
+
+def test_missing_column_raises_with_pointer_to_check() -> None:
+    arrays = _arrays(["g"], ["a"], [0], [1.0])
+    for name in ("gae", "gigpo"):
+        with pytest.raises(ValueError, match="check_estimator_needs"):
+            ESTIMATORS[name](arrays, AdvantageOptions())
+
+
+def test_positional_options_and_empty_batch() -> None:
+    opts = AdvantageOptions(0.9, False, 1e-6)  # how agent_core.iteration builds them
+    assert (opts.gamma, opts.norm_by_std, opts.lam, opts.whiten_advantages) == (
+        0.9,
+        False,
+        0.95,
+        True,
+    )
+    empty = StepArrays.from_columns(
+        [], [], [], [], value=[], anchor=[], done=[], truncated=[], kl=[]
+    )
+    for name, fn in ESTIMATORS.items():
+        out = fn(empty, opts)
+        assert out.advantages.shape == (0,) and out.returns.shape == (0,), name

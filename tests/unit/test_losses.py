@@ -1,0 +1,192 @@
+"""Losses: hand-computed values, autograd vs manual gradients, dual clip, KL estimators,
+aggregation modes vs explicit loops, and micro-batch accumulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agent_core.algorithms.losses import (
+    AGG_MODES,
+    aggregate,
+    clipped_policy_loss,
+    entropy_bonus,
+    kl_penalty,
+    value_loss,
+)
+
+F64 = torch.float64  # float64 so gradients compare to a manual formula at 1e-9
+
+
+def _random_batch(seed: int, b: int = 3, length: int = 6) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(b, length, generator=gen, dtype=F64) < 0.7).double()
+    mask[0, :2] = 1.0  # at least one token
+    mask[-1] = 0.0  # an empty row (padding) must not count as a sequence
+    return {
+        "logprobs": -torch.rand(b, length, generator=gen, dtype=F64) * 3,
+        "old": -torch.rand(b, length, generator=gen, dtype=F64) * 3,
+        "adv": torch.randn(b, generator=gen, dtype=F64),
+        "mask": mask,
+        "values": torch.randn(b, length, generator=gen, dtype=F64),
+    }
+
+
+def test_clipped_loss_hand_example() -> None:
+    old = torch.zeros(1, 3)
+    logp = torch.tensor([[9.0, 0.5, -0.5]])  # position 0 is masked out
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    out = clipped_policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    # A = 1: token 1 ratio e^0.5 clips to 1.2 -> -1.2; token 2 ratio e^-0.5 (below 0.8) -> -e^-0.5
+    assert out.loss.item() == pytest.approx((-1.2 - math.exp(-0.5)) / 2)
+    assert out.clip_fraction == pytest.approx(0.5)
+    neg = clipped_policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps=0.2)
+    # A = -1: token 1 keeps e^0.5 (pessimistic), token 2 clips up to 0.8
+    assert neg.loss.item() == pytest.approx((math.exp(0.5) + 0.8) / 2)
+    # the trainer's positional call, with an external denominator
+    ext = clipped_policy_loss(logp, old, torch.tensor([1.0]), mask, 0.2, token_count=4)
+    assert ext.loss.item() == pytest.approx((-1.2 - math.exp(-0.5)) / 4)
+
+
+@pytest.mark.parametrize("clip_ratio_c", [None, 3.0])
+def test_policy_gradient_matches_manual_formula(clip_ratio_c: float | None) -> None:
+    batch = _random_batch(0)
+    logp = batch["logprobs"].clone().requires_grad_(True)
+    adv, mask, old, eps = batch["adv"], batch["mask"], batch["old"], 0.2
+    out = clipped_policy_loss(logp, old, adv, mask, eps, clip_ratio_c=clip_ratio_c)
+    out.loss.backward()
+    # manual: d/dlogp of -A r is -A r, live only where the unclipped branch is the max (and,
+    # under dual clip, where the -A c cap is not the min for A < 0)
+    a = adv[:, None].expand_as(old)
+    ratio = torch.exp((batch["logprobs"] - old) * mask)
+    unclipped, clipped = -a * ratio, -a * ratio.clamp(1 - eps, 1 + eps)
+    live = unclipped >= clipped
+    if clip_ratio_c is not None:
+        live &= ~((a < 0) & (-a * clip_ratio_c < torch.maximum(unclipped, clipped)))
+    manual = torch.where(live, -a * ratio, 0.0) * mask / mask.sum()
+    torch.testing.assert_close(logp.grad, manual, rtol=1e-9, atol=1e-12)
+
+
+def test_dual_clip_caps_negative_advantages_only() -> None:
+    old = torch.zeros(2, 2)
+    logp = torch.full((2, 2), math.log(10.0), requires_grad=True)  # ratio 10
+    mask = torch.ones(2, 2)
+    adv = torch.tensor([-1.0, 2.0])
+    plain = clipped_policy_loss(logp, old, adv, mask, 0.2)
+    dual = clipped_policy_loss(logp, old, adv, mask, 0.2, clip_ratio_c=3.0)
+    # row 0 (A = -1): plain -A r = 10, dual caps at -A c = 3; row 1 (A = 2): clipped -2 * 1.2
+    assert plain.loss.item() == pytest.approx((10 + 10 - 2.4 - 2.4) / 4)
+    assert dual.loss.item() == pytest.approx((3 + 3 - 2.4 - 2.4) / 4)
+    assert dual.dual_clip_fraction == pytest.approx(0.5)
+    dual.loss.backward()
+    assert torch.all(logp.grad == 0)  # capped and clipped tokens pass no gradient
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        clipped_policy_loss(logp, old, adv, mask, 0.2, clip_ratio_c=1.0)
+
+
+def test_kl_estimators() -> None:
+    gen = torch.Generator().manual_seed(1)
+    logp = -torch.rand(4, 7, generator=gen, dtype=F64) * 4
+    ref = -torch.rand(4, 7, generator=gen, dtype=F64) * 4
+    k3 = kl_penalty(logp, ref, "k3")
+    assert torch.all(k3 >= 0)
+    assert torch.all(kl_penalty(logp, logp, "k3") == 0)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k1"), logp - ref)
+    torch.testing.assert_close(k3, torch.exp(ref - logp) - (ref - logp) - 1)
+    # both are unbiased: their expectation under the policy's samples is KL(pi || ref)
+    pi = torch.softmax(torch.randn(10, generator=gen, dtype=F64), -1)
+    q = torch.softmax(torch.randn(10, generator=gen, dtype=F64), -1)
+    exact = (pi * (pi.log() - q.log())).sum()
+    for kind in ("k1", "k3"):
+        expected = (pi * kl_penalty(pi.log()[None], q.log()[None], kind)[0]).sum()
+        torch.testing.assert_close(expected, exact)
+    with pytest.raises(ValueError, match="k1"):
+        kl_penalty(logp, ref, "k9")
+
+
+def _loop_aggregate(values, mask, mode: str) -> float:
+    """Explicit loops over rows and tokens."""
+    seqs = []
+    for row in range(values.shape[0]):
+        toks = [values[row, j].item() for j in range(values.shape[1]) if mask[row, j] > 0]
+        if toks:
+            seqs.append(toks)
+    if mode == "token-mean":
+        flat = [v for s in seqs for v in s]
+        return sum(flat) / max(len(flat), 1)
+    per_seq = [sum(s) if mode == "seq-mean-token-sum" else sum(s) / len(s) for s in seqs]
+    return sum(per_seq) / max(len(per_seq), 1)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_aggregate_matches_loops(mode: str) -> None:
+    for seed in range(5):
+        batch = _random_batch(seed)
+        got = aggregate(batch["values"], batch["mask"], mode).item()
+        assert got == pytest.approx(_loop_aggregate(batch["values"], batch["mask"], mode))
+
+
+def test_aggregate_segments_treat_packed_steps_as_sequences() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0]])
+    segments = torch.tensor([[-1, 0, 0, -1, 1]])  # step 0: tokens 2, 3; step 1: token 5
+    got = aggregate(values, mask, "seq-mean-token-mean", segments=segments)
+    assert got.item() == pytest.approx((2.5 + 5.0) / 2)
+    got = aggregate(values, mask, "seq-mean-token-sum", segments=segments)
+    assert got.item() == pytest.approx((5.0 + 5.0) / 2)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(values, mask, "mean")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_two_micro_batches_accumulate_to_one_batch(mode: str) -> None:
+    batch = _random_batch(3, b=4)
+    batch["mask"][-1, 1] = 1.0
+    logp = batch["logprobs"].clone().requires_grad_(True)
+    args = (batch["old"], batch["adv"], batch["mask"], 0.2)
+    full = clipped_policy_loss(logp, *args, mode=mode, clip_ratio_c=3.0).loss
+    (full_grad,) = torch.autograd.grad(full, logp)
+    tokens = batch["mask"].sum().item()
+    seqs = (batch["mask"].sum(-1) > 0).sum().item()
+    total, acc_grad = 0.0, torch.zeros_like(logp)
+    for rows in (slice(0, 1), slice(1, 4)):
+        part = logp[rows].detach().clone().requires_grad_(True)
+        loss = clipped_policy_loss(
+            part,
+            batch["old"][rows],
+            batch["adv"][rows],
+            batch["mask"][rows],
+            0.2,
+            token_count=tokens,
+            seq_count=seqs,
+            mode=mode,
+            clip_ratio_c=3.0,
+        ).loss
+        loss.backward()
+        total += loss.item()
+        acc_grad[rows] = part.grad
+    assert total == pytest.approx(full.item(), abs=1e-12)
+    torch.testing.assert_close(acc_grad, full_grad)
+
+
+def test_value_loss_hand_example_and_gradient() -> None:
+    values = torch.tensor([1.0, 0.0, 2.0], requires_grad=True)
+    old = torch.tensor([0.0, 0.0, 1.9])
+    returns = torch.tensor([2.0, 1.0, 0.0])
+    out = value_loss(values, old, returns, clip_range=0.5)
+    # row 0: unclipped (1-2)^2 = 1, clipped (0.5-2)^2 = 2.25 -> 2.25 (no gradient)
+    # row 1: both (0-1)^2 = 1; row 2: unclipped 4, clipped (2.0-0)^2 = 4 (inside range)
+    assert out.loss.item() == pytest.approx(0.5 * (2.25 + 1 + 4) / 3)
+    assert out.clip_fraction == pytest.approx(1 / 3)
+    out.loss.backward()
+    torch.testing.assert_close(values.grad, torch.tensor([0.0, -1.0, 2.0]) / 3)
+    unclipped = value_loss(values.detach(), old, returns, clip_range=None)
+    assert unclipped.loss.item() == pytest.approx(0.5 * (1 + 1 + 4) / 3)
+
+
+def test_entropy_bonus_is_negative_scaled_mean() -> None:
+    ent = torch.tensor([[0.0, 1.0, 3.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    assert entropy_bonus(ent, mask, coef=0.1).item() == pytest.approx(-0.2)
