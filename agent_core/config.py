@@ -112,6 +112,9 @@ def check_names(config: RunConfig) -> None:
         )
     )
     problems = []
+    needs = _estimator_needs(config)
+    if needs:
+        problems.append(f"  algorithm.estimator: {needs}")
     for field, check in checks:
         try:
             check()
@@ -119,6 +122,29 @@ def check_names(config: RunConfig) -> None:
             problems.append(f"  {field}: {exc}")
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _estimator_needs(config: RunConfig) -> str | None:
+    """The estimator's unmet needs (a value head, anchor states) as a message, or None."""
+    from agent_core.algorithms.advantages import check_estimator_needs
+    from agent_core.envs import AgentEnv, env_class
+    from agent_core.registry import UnknownNameError
+
+    try:
+        env = env_class(config.env.name)
+    except (UnknownNameError, TypeError):
+        return None  # reported as env.name
+    has_anchor = env.anchor_key is not AgentEnv.anchor_key
+    name = config.algorithm.estimator
+    if ":" not in name and name not in _builtin_estimators():
+        return None  # reported by the name check
+    return check_estimator_needs(name, config.trainer.value_head, has_anchor)
+
+
+def _builtin_estimators() -> set[str]:
+    from agent_core.algorithms.advantages import ESTIMATORS
+
+    return set(ESTIMATORS)
 
 
 def dump_config(config: RunConfig) -> str:

@@ -150,12 +150,13 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     start = 1
     while _is_logged(run_dir, start):
         start += 1
+    target = start - 1 + cfg.run.continue_for if cfg.run.continue_for else cfg.run.iterations
     return RunHandle(
         run_dir=str(run_dir),
         mlflow_run_id=run_id,
         base_model=str(base.resolve()),
         start_iteration=start,
-        iterations=cfg.run.iterations,
+        iterations=target,
     )
 
 
@@ -219,25 +220,66 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
     return result
 
 
-def _estimate(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
-    """Fill `return_` and `advantage` of every step; return advantage diagnostics."""
+def _critic_columns(
+    cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]
+) -> tuple[list[float] | None, list[float] | None]:
+    """Per-step values from the value head and per-step KL to the reference, when the config
+    uses them (both come from the trainer holding policy `iteration - 1`)."""
+    if not (cfg.trainer.value_head or cfg.algorithm.kl_coef > 0):
+        return None, None
+    version = iteration - 1
+    trainer = runtime.policy_trainer(
+        cfg, Path(run.run_dir), version, policy_weights(run, version), Path(run.base_model)
+    )
+    rows = [TrainRow(s.prompt_ids, s.response_ids, s.response_logprobs, 0.0) for s in steps]
+    values = trainer.step_values(rows) if cfg.trainer.value_head else None
+    kl = trainer.reference_kl(rows) if cfg.algorithm.kl_coef > 0 else None
+    return values, kl
+
+
+def _estimate(
+    cfg: RunConfig, steps: list[Step], values: list[float] | None, kl: list[float] | None
+) -> dict[str, float]:
+    """Fill `return_`, `advantage` (and `value`) of every step; return diagnostics."""
     arrays = StepArrays.from_columns(
         [s.group_id for s in steps],
         [s.trajectory_id for s in steps],
         [s.step_index for s in steps],
         [s.reward for s in steps],
+        value=values,
+        anchor=[s.anchor_key for s in steps],
+        done=[s.done for s in steps],
+        truncated=[s.truncated for s in steps],
+        kl=kl,
     )
     algo = cfg.algorithm
-    estimator = resolve("estimator", algo.estimator, ESTIMATORS)
-    result = estimator(arrays, AdvantageOptions(algo.gamma, algo.norm_by_std, algo.epsilon))
-    for step, ret, adv in zip(steps, result.returns, result.advantages, strict=True):
+    options = AdvantageOptions(
+        gamma=algo.gamma,
+        norm_by_std=algo.norm_by_std,
+        epsilon=algo.epsilon,
+        lam=algo.lam,
+        kl_coef=algo.kl_coef,
+        whiten_advantages=algo.whiten_advantages,
+        step_advantage_weight=algo.step_advantage_weight,
+    )
+    result = resolve("estimator", algo.estimator, ESTIMATORS)(arrays, options)
+    for i, (step, ret, adv) in enumerate(
+        zip(steps, result.returns, result.advantages, strict=True)
+    ):
         step.return_, step.advantage = float(ret), float(adv)
+        step.value = values[i] if values is not None else None
     adv = np.asarray(result.advantages)
-    return {
+    metrics = {
         "advantage/mean": float(adv.mean()) if adv.size else 0.0,
         "advantage/abs_mean": float(np.abs(adv).mean()) if adv.size else 0.0,
+        "advantage/zero_share": float(np.mean(adv == 0.0)) if adv.size else 0.0,
         "advantage/zero_variance_group_share": result.zero_variance_groups / max(1, result.groups),
     }
+    if values is not None:
+        metrics["critic/value_mean"] = float(np.mean(values)) if values else 0.0
+    if kl is not None:
+        metrics["reward/kl_to_reference"] = float(np.mean(kl)) if kl else 0.0
+    return metrics
 
 
 def _episode_metrics(steps: list[Step]) -> dict[str, float]:
@@ -269,7 +311,7 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
     tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
     terms = [(t.name, t.weight) for t in cfg.reward.terms]
     metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
-    metrics |= _estimate(cfg, steps)
+    metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     metrics |= _episode_metrics(steps)
     write_ipc(steps_to_table(steps), out)
     result = ScoreResult(
@@ -302,22 +344,19 @@ def commit(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResu
     )
 
 
-def train_rows(table: pa.Table, skip_zero_advantage: bool) -> list[TrainRow]:
-    """Step rows as trainer inputs (optionally without rows whose advantage is exactly 0)."""
-    cols = table.select(
-        ["prompt_ids", "response_ids", "response_logprobs", "advantage"]
-    ).to_pydict()
-    rows = [
-        TrainRow(p, r, lp, a)
-        for p, r, lp, a in zip(
-            cols["prompt_ids"],
-            cols["response_ids"],
-            cols["response_logprobs"],
-            cols["advantage"],
-            strict=True,
-        )
-        if r and not (skip_zero_advantage and a == 0.0)
-    ]
+def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
+    """Step rows as trainer inputs. Rows with an exactly-zero advantage carry no policy
+    gradient and are left out when nothing else (value, KL, entropy) needs them."""
+    t = cfg.trainer
+    others_need_all = t.value_head or t.kl_loss_coef > 0 or t.entropy_coef > 0
+    skip_zero = t.skip_zero_advantage and not others_need_all
+    names = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
+             "trajectory_id", "step_index"]  # fmt: skip
+    cols = table.select(names).to_pydict()
+    rows = []
+    for p, r, lp, adv, ret, value, traj, k in zip(*(cols[n] for n in names), strict=True):
+        if r and not (skip_zero and adv == 0.0):
+            rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k))
     return rows
 
 
@@ -345,8 +384,10 @@ def update(
     if ckpt.is_dir() and record.is_file():
         return UpdateResult.model_validate_json(record.read_text())
     version = iteration - 1
-    trainer = runtime.policy_trainer(cfg, run_dir, version, policy_weights(run, version))
-    rows = train_rows(read_partition(run_dir, iteration), cfg.trainer.skip_zero_advantage)
+    trainer = runtime.policy_trainer(
+        cfg, run_dir, version, policy_weights(run, version), Path(run.base_model)
+    )
+    rows = train_rows(read_partition(run_dir, iteration), cfg)
     metrics = metrics_dict(trainer.update(rows, iteration))
     trainer.save(ckpt, {"iteration": iteration, "policy_version": iteration, "metrics": metrics})
     _write_latest(run_dir, iteration)

@@ -57,7 +57,7 @@ def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -
         if rt.engine is not None and rt.engine.policy_version == version:
             return rt.engine
         if rt.engine is not None and rt.trainer is not None and rt.trainer_version == version:
-            rt.engine.load_weights(rt.trainer.state_dict(), version)
+            rt.engine.load_weights(rt.trainer.lm_state_dict(), version)
             return rt.engine
         device = "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu"
         rt.engine = HFRolloutEngine(weights, cfg.rollout.dtype, device, cfg.rollout.threads)
@@ -65,14 +65,25 @@ def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -
         return rt.engine
 
 
-def policy_trainer(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -> PolicyTrainer:
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether a frozen reference model is needed (KL in the loss or in the reward)."""
+    return cfg.trainer.kl_loss_coef > 0 or cfg.algorithm.kl_coef > 0
+
+
+def policy_trainer(
+    cfg: RunConfig, run_dir: Path, version: int, weights: Path, base: Path
+) -> PolicyTrainer:
     """A trainer at policy `version`: the cached one, or built from the `weights` checkpoint
-    folder (restoring its DeepSpeed optimizer state when saved)."""
+    folder (restoring its DeepSpeed optimizer state when saved). The base model is the
+    reference when a KL term needs one."""
     rt = runtime_for(run_dir)
     with rt.lock:
         if rt.trainer is not None and rt.trainer_version == version:
             return rt.trainer
-        rt.trainer = PolicyTrainer(weights, cfg.trainer, cfg.rollout.temperature, cfg.run.seed)
+        reference = base if needs_reference(cfg) else None
+        rt.trainer = PolicyTrainer(
+            weights, cfg.trainer, cfg.rollout.temperature, cfg.run.seed, reference
+        )
         if version > 0:
             rt.trainer.load_state(weights)
         rt.trainer_version = version
@@ -85,4 +96,4 @@ def mark_trained(run_dir: Path, version: int) -> None:
     with rt.lock:
         rt.trainer_version = version
         if rt.engine is not None and rt.trainer is not None:
-            rt.engine.load_weights(rt.trainer.state_dict(), version)
+            rt.engine.load_weights(rt.trainer.lm_state_dict(), version)

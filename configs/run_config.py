@@ -30,6 +30,13 @@ class RunSection(Section):
         "runs", description="Folder holding one sub-folder per run (replay, checkpoints)."
     )
     iterations: int = Field(2, ge=1, description="Number of training iterations to run.")
+    continue_for: int = Field(
+        0,
+        ge=0,
+        description="If > 0, ignore `iterations` and run this many more iterations after the "
+        "run's last complete one (a scheduled nightly run keeps training the same run from its "
+        "latest checkpoint instead of starting over).",
+    )
     seed: int = Field(0, description="Seed for task sampling, generation and training.")
 
 
@@ -195,6 +202,20 @@ class AlgorithmSection(Section):
         "(False = Dr. GRPO style, centring only).",
     )
     epsilon: float = Field(1e-6, gt=0.0, description="Added to the std before dividing.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (estimator 'gae').")
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="KL-in-reward: each step's reward -= kl_coef * KL(rollout policy || "
+        "reference) summed over its tokens (estimators 'reinforce_pp' and 'gae'). Loads a frozen "
+        "reference model.",
+    )
+    whiten_advantages: bool = Field(
+        True, description="'reinforce_pp' and 'gae': batch-global (A - mean) / std."
+    )
+    step_advantage_weight: float = Field(
+        1.0, ge=0.0, description="'gigpo': weight of the anchor-state step advantage."
+    )
 
 
 class TrainerSection(Section):
@@ -225,11 +246,61 @@ class TrainerSection(Section):
     clip_eps: float = Field(
         0.2, gt=0.0, description="PPO clip range for the importance ratio (1 - eps, 1 + eps)."
     )
+    clip_eps_high: float | None = Field(
+        None,
+        gt=0.0,
+        description="Upper clip range (DAPO 'clip-higher'); None = clip_eps.",
+    )
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual clip (verl): for negative advantages the loss is capped at "
+        "-A * clip_ratio_c, e.g. 3.0; None = off.",
+    )
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean",
+        description="How per-token losses reduce to a scalar over a mini-batch: mean over all "
+        "response tokens, or mean over steps of each step's token sum / token mean.",
+    )
+    kl_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of a KL(policy || frozen reference) term in the loss, reference "
+        "log-probs computed in the update. Loads a reference copy of the base model.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator of the KL loss: k1 = log ratio, k3 = "
+        "exp(-r) + r - 1 (unbiased, >= 0)."
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="Entropy bonus weight (the loss subtracts coef * entropy)."
+    )
+    value_head: bool = Field(
+        False,
+        description="Add a value head (read at each step's last prompt token) trained with a "
+        "clipped value loss; required by estimator 'gae'.",
+    )
+    value_loss_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
+    value_clip: float | None = Field(
+        0.2, gt=0.0, description="Value-loss clip range around the rollout-time value; None = off."
+    )
+    pack_trajectories: bool = Field(
+        False,
+        description="Pack each append-only trajectory's steps into one sequence (same gradient, "
+        "O(T) instead of O(T^2) tokens); other trajectories train step by step.",
+    )
+    old_logprobs: Literal["rollout", "recompute"] = Field(
+        "rollout",
+        description="Importance-ratio denominator: the log-probs stored at rollout, or "
+        "recomputed by the trainer before the update (use when rollout and trainer numerics "
+        "differ, e.g. bf16 rollout weights).",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     skip_zero_advantage: bool = Field(
         True,
         description="Leave rows whose advantage is exactly 0 out of the update: they carry no "
-        "policy gradient, so this only saves compute (the token-mean is over the rest).",
+        "policy gradient, so this only saves compute (the token-mean is over the rest). "
+        "Ignored when a value head, a KL loss or an entropy bonus makes such rows matter.",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."

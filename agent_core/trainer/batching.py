@@ -1,5 +1,8 @@
-"""Step rows -> padded training tensors. Rows are left-padded so every response ends at the
-right edge, and only the last `max_response + 1` positions need logits.
+"""Step rows -> training sequences -> flattened micro-batch tensors.
+
+A training sequence is one step (prompt + response) or, with append-only packing, a whole
+trajectory (its last step's prompt + response, covering every step's response). Only positions
+that predict a response token get logits, so a micro-batch carries flat token lists.
 """
 
 from __future__ import annotations
@@ -8,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from agent_core.algorithms.packing import is_append_only
 
 
 @dataclass(frozen=True)
@@ -18,57 +23,131 @@ class TrainRow:
     response_ids: list[int]
     old_logprobs: list[float]
     advantage: float
+    return_: float = 0.0
+    value: float = 0.0
+    trajectory_id: str = ""
+    step_index: int = 0
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    """Token ids of one forward pass and, per step in it, (row index, response start, stop)."""
+
+    input_ids: list[int]
+    spans: list[tuple[int, int, int]]
+
+
+def build_sequences(rows: list[TrainRow], pack: bool) -> tuple[list[TrainSequence], int]:
+    """One sequence per row, or with `pack` one per append-only trajectory (others stay
+    per-step). Returns the sequences and how many trajectories were packed."""
+    if not pack:
+        return [_single(i, r) for i, r in enumerate(rows)], 0
+    by_traj: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_traj.setdefault(row.trajectory_id, []).append(i)
+    sequences, packed = [], 0
+    for indices in by_traj.values():
+        indices.sort(key=lambda i: rows[i].step_index)
+        steps = [(rows[i].prompt_ids, rows[i].response_ids) for i in indices]
+        contiguous = [rows[i].step_index for i in indices] == list(range(len(indices)))
+        if len(indices) > 1 and contiguous and is_append_only(steps):
+            last = rows[indices[-1]]
+            spans = [
+                (i, len(rows[i].prompt_ids), len(rows[i].prompt_ids) + len(rows[i].response_ids))
+                for i in indices
+            ]
+            sequences.append(TrainSequence(last.prompt_ids + last.response_ids, spans))
+            packed += 1
+        else:
+            sequences.extend(_single(i, rows[i]) for i in indices)
+    return sequences, packed
+
+
+def _single(index: int, row: TrainRow) -> TrainSequence:
+    start = len(row.prompt_ids)
+    return TrainSequence(
+        row.prompt_ids + row.response_ids, [(index, start, start + len(row.response_ids))]
+    )
 
 
 @dataclass
 class MicroBatch:
-    """Tensors of one micro-batch. B rows, L = longest prompt+response, R = longest response.
+    """Tensors of one micro-batch. B sequences of padded length L; N response tokens; S steps.
 
-    input_ids, attention_mask, position_ids: [B, L]; response_mask, old_logprobs: [B, R]
-    (right-aligned: a row's response occupies its last len(response) columns); advantages: [B].
+    input_ids, attention_mask, position_ids: [B, L] (left-padded).
+    token_pos: [N, 2] (sequence, position) whose logits predict response token `targets` [N];
+    token_step: [N] the step (0..S-1) each token belongs to; old_logprobs: [N].
+    value_pos: [S, 2] each step's last prompt token; advantages, returns, old_values: [S].
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
-    response_mask: torch.Tensor
+    token_pos: torch.Tensor
+    targets: torch.Tensor
+    token_step: torch.Tensor
     old_logprobs: torch.Tensor
+    value_pos: torch.Tensor
     advantages: torch.Tensor
+    returns: torch.Tensor
+    old_values: torch.Tensor
 
     @property
     def response_tokens(self) -> int:
-        return int(self.response_mask.sum().item())
+        return int(self.targets.numel())
+
+    @property
+    def steps(self) -> int:
+        return int(self.advantages.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(**{k: v.to(device) for k, v in vars(self).items()})
 
 
-def collate(rows: list[TrainRow], pad_id: int) -> MicroBatch:
-    """Left-pad `rows` into one `MicroBatch`."""
-    width = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
-    resp = max(len(r.response_ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    rmask = torch.zeros((len(rows), resp), dtype=torch.float32)
-    old = torch.zeros((len(rows), resp), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        seq = row.prompt_ids + row.response_ids
-        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        attn[i, width - len(seq) :] = 1
-        n = len(row.response_ids)
-        if n:
-            rmask[i, resp - n :] = 1.0
-            old[i, resp - n :] = torch.tensor(row.old_logprobs, dtype=torch.float32)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    return MicroBatch(ids, attn, positions, rmask, old, adv)
+def collate(sequences: list[TrainSequence], rows: list[TrainRow], pad_id: int) -> MicroBatch:
+    """Left-pad `sequences` and flatten their response tokens and steps."""
+    width = max(len(s.input_ids) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(sequences), width), dtype=torch.long)
+    token_pos, token_step, targets, old = [], [], [], []
+    value_pos, step_rows = [], []
+    for b, seq in enumerate(sequences):
+        offset = width - len(seq.input_ids)
+        ids[b, offset:] = torch.tensor(seq.input_ids, dtype=torch.long)
+        attn[b, offset:] = 1
+        for row_index, start, stop in seq.spans:
+            step = len(step_rows)
+            step_rows.append(rows[row_index])
+            value_pos.append((b, offset + start - 1))
+            for t in range(start, stop):
+                token_pos.append((b, offset + t - 1))  # logits at t - 1 predict token t
+                token_step.append(step)
+                targets.append(seq.input_ids[t])
+            old.extend(rows[row_index].old_logprobs)
+
+    def floats(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32)
+
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        token_pos=torch.tensor(token_pos, dtype=torch.long).reshape(-1, 2),
+        targets=torch.tensor(targets, dtype=torch.long),
+        token_step=torch.tensor(token_step, dtype=torch.long),
+        old_logprobs=floats(old),
+        value_pos=torch.tensor(value_pos, dtype=torch.long).reshape(-1, 2),
+        advantages=floats([r.advantage for r in step_rows]),
+        returns=floats([r.return_ for r in step_rows]),
+        old_values=floats([r.value for r in step_rows]),
+    )
 
 
 def plan_minibatches(
     lengths: list[int], mini_batch_size: int, micro_batch_size: int, seed: int
 ) -> list[list[list[int]]]:
-    """Shuffle row indices into mini-batches, then split each into micro-batches of rows of
-    similar length (less padding). Returns [mini][micro] -> row indices."""
+    """Shuffle sequence indices into mini-batches, then split each into micro-batches of
+    sequences of similar length (less padding). Returns [mini][micro] -> sequence indices."""
     order = np.random.default_rng(seed).permutation(len(lengths))
     plan = []
     for start in range(0, len(order), mini_batch_size):

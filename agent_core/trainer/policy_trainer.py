@@ -1,5 +1,6 @@
-"""`PolicyTrainer`: the HF causal LM inside a DeepSpeed engine, one clipped policy-gradient
-update per iteration, and checkpoints as Hugging Face folders plus DeepSpeed state.
+"""`PolicyTrainer`: the policy (and optional value head) inside a DeepSpeed engine; one
+clipped policy-gradient update per iteration with optional KL to a frozen reference, entropy
+bonus and value loss; checkpoints as Hugging Face folders plus DeepSpeed state.
 """
 
 from __future__ import annotations
@@ -9,126 +10,159 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from agent_core.algorithms.losses import (
-    PolicyLossOutput,
-    clipped_policy_loss,
-    token_entropy,
-    token_logprobs,
+from agent_core.algorithms.losses import aggregate, clipped_policy_loss, kl_penalty, value_loss
+from agent_core.trainer.batching import (
+    MicroBatch,
+    TrainRow,
+    TrainSequence,
+    build_sequences,
+    collate,
+    plan_minibatches,
 )
-from agent_core.trainer.batching import MicroBatch, TrainRow, collate, plan_minibatches
 from agent_core.trainer.distributed import init_process_group, select_accelerator
+from agent_core.trainer.policy_module import PolicyModule
 from configs.run_config import TrainerSection
 
 DS_STATE_DIR = "deepspeed"
-LATEST_FILE = "latest"
 
 
 @dataclass
 class UpdateMetrics:
-    """What one update reports (means over optimizer steps or response tokens)."""
+    """What one update reports (means over optimizer steps or micro-batches)."""
 
     policy_loss: float = 0.0
     grad_norm: float = 0.0
     clip_fraction: float = 0.0
+    dual_clip_fraction: float = 0.0
     approx_kl: float = 0.0
     ratio_mean: float = 0.0
     entropy: float = 0.0
+    kl_ref: float = 0.0
+    value_loss: float = 0.0
+    value_clip_fraction: float = 0.0
     optimizer_steps: int = 0
     skipped_steps: int = 0
     nonfinite_losses: int = 0
     rows: int = 0
+    sequences: int = 0
+    packed_trajectories: int = 0
     trained_tokens: int = 0
     padded_tokens: int = 0
     seconds: float = 0.0
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t[None]  # [N] -> [1, N]: the loss functions take [B, L]
 
 
 class PolicyTrainer:
     """Owns the DeepSpeed engine for one run (build once per process, reuse across iterations)."""
 
     def __init__(
-        self, model_path: str | Path, cfg: TrainerSection, temperature: float, seed: int
+        self,
+        model_path: str | Path,
+        cfg: TrainerSection,
+        temperature: float,
+        seed: int,
+        reference_path: str | Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.temperature = temperature
         self.seed = seed
         self.accelerator = select_accelerator(cfg.accelerator)
         init_process_group(self.accelerator)
-        self.engine, self.tokenizer = self._build(model_path)
+        self.engine, self.tokenizer = self._build(Path(model_path))
         self.device = self.engine.device
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
+        self.reference = self._load_reference(reference_path) if reference_path else None
 
     def _ds_config(self) -> dict:
         return {
             "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
             "gradient_accumulation_steps": self.cfg.mini_batch_size // self.cfg.micro_batch_size,
             "gradient_clipping": self.cfg.max_grad_norm,
-            # steprl owns the accumulation boundary: backward per micro-batch, step() per mini-batch
-            # (mini-batches may hold fewer micro-batches than configured at the end of an epoch).
+            # steprl owns the accumulation boundary: backward per micro-batch, step() per
+            # mini-batch (the last mini-batch of an epoch may hold fewer micro-batches).
             "managed_gradient_accumulation": False,
             "zero_optimization": {"stage": self.cfg.zero_stage},
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
 
-    def _build(self, model_path: str | Path):
+    def _build(self, model_path: Path):
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(self.seed)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        lm.config.use_cache = False
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+            lm.gradient_checkpointing_enable()
+        module = PolicyModule(lm, value_head=self.cfg.value_head)
+        module.load_value_head(model_path)
         # A client torch AdamW avoids compiling DeepSpeed's Adam ops on CPU.
         optimizer = torch.optim.AdamW(
-            model.parameters(),
+            module.parameters(),
             lr=self.cfg.learning_rate,
             betas=self.cfg.betas,
             weight_decay=self.cfg.weight_decay,
         )
         engine, *_ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self._ds_config()
+            model=module, optimizer=optimizer, config=self._ds_config()
         )
         engine.train()
         return engine, tokenizer
+
+    def _load_reference(self, path: str | Path) -> PolicyModule:
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        ref = PolicyModule(lm, value_head=False).to(self.device).eval()
+        ref.requires_grad_(False)
+        return ref
 
     def _autocast(self):
         if self.cfg.dtype == "bfloat16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward_logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Response-token log-probs and entropies, both [B, R] (right-aligned like the mask)."""
-        width = batch.response_mask.shape[1]
+    def _logprobs(self, module, batch: MicroBatch, with_values: bool):
+        """Per-token log-probs [N], the logits' entropy [N] and values [S] (or None)."""
         with self._autocast():
-            out = self.engine(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                logits_to_keep=width + 1,
-                use_cache=False,
+            logits, values = module(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.position_ids,
+                batch.token_pos,
+                batch.value_pos if with_values else None,
             )
-        logits = out.logits.float()  # [B, R + 1, V]; position j predicts the token at j + 1
-        targets = batch.input_ids[:, -width - 1 :]
-        logp = token_logprobs(logits, targets, self.temperature)[:, 1:]
-        with torch.no_grad():
-            ent = token_entropy(logits, self.temperature)[:, 1:]
-        return logp, ent
+        logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        logp = logp_all.gather(-1, batch.targets[:, None]).squeeze(-1)
+        return logp, logp_all, values
+
+    def _train_rows(self, rows: list[TrainRow]) -> list[TrainRow]:
+        if self.cfg.old_logprobs == "recompute":
+            return self._recompute_old_logprobs(rows)
+        return rows
 
     def update(self, rows: list[TrainRow], iteration: int) -> UpdateMetrics:
-        """Run `epochs` passes of clipped policy-gradient steps over `rows` (one optimizer step
-        per mini-batch; its gradient is the token-mean over the mini-batch's response tokens)."""
+        """Run `epochs` passes over `rows`: one optimizer step per mini-batch of sequences; the
+        mini-batch gradient is the configured aggregate over all its response tokens."""
         start = time.perf_counter()
-        metrics = UpdateMetrics(rows=len(rows))
-        lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        sums = dict.fromkeys(("loss", "clip", "kl", "ratio", "ent", "norm"), 0.0)
+        rows = self._train_rows(rows)
+        sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
+        metrics = UpdateMetrics(
+            rows=len(rows), sequences=len(sequences), packed_trajectories=packed
+        )
+        lengths = [len(s.input_ids) for s in sequences]
+        sums: dict[str, float] = {}
         micro_count = 0
         for epoch in range(self.cfg.epochs):
             seed = self.seed + 1000 * iteration + epoch
@@ -136,41 +170,94 @@ class PolicyTrainer:
                 lengths, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed
             )
             for mini in plan:
-                token_count = sum(len(rows[i].response_ids) for micro in mini for i in micro)
-                for micro in mini:
-                    batch = collate([rows[i] for i in micro], self.pad_id).to(self.device)
-                    try:
-                        out, ent = self._micro_backward(batch, token_count)
-                    except FloatingPointError:
-                        metrics.nonfinite_losses += 1  # this micro-batch adds no gradient
-                        continue
-                    micro_count += 1
-                    sums["loss"] += out.loss.item()
-                    sums["clip"] += out.clip_fraction
-                    sums["kl"] += out.approx_kl
-                    sums["ratio"] += out.ratio_mean
-                    sums["ent"] += ent
-                    metrics.trained_tokens += batch.response_tokens
-                    metrics.padded_tokens += int(batch.input_ids.numel())
-                norm = self._grad_norm()
-                if norm is not None and not math.isfinite(norm):
-                    # a non-finite gradient never reaches the weights (or a checkpoint)
-                    self.engine.zero_grad()
-                    metrics.skipped_steps += 1
-                    continue
-                self.engine.step()
-                norm = norm if norm is not None else self.engine.get_global_grad_norm()
-                sums["norm"] += float(norm or 0.0)
-                metrics.optimizer_steps += 1
+                micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
         steps, n_micro = max(1, metrics.optimizer_steps), max(1, micro_count)
-        metrics.policy_loss = sums["loss"] / steps
-        metrics.grad_norm = sums["norm"] / steps
-        metrics.clip_fraction = sums["clip"] / n_micro
-        metrics.approx_kl = sums["kl"] / n_micro
-        metrics.ratio_mean = sums["ratio"] / n_micro
-        metrics.entropy = sums["ent"] / n_micro
+        metrics.policy_loss = sums.get("loss", 0.0) / steps
+        metrics.grad_norm = sums.get("norm", 0.0) / steps
+        for key in ("clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy",
+                    "kl_ref", "value_loss", "value_clip_fraction"):  # fmt: skip
+            setattr(metrics, key, sums.get(key, 0.0) / n_micro)
         metrics.seconds = time.perf_counter() - start
         return metrics
+
+    def _mini_step(self, mini, sequences, rows, metrics: UpdateMetrics, sums: dict) -> int:
+        """Accumulate gradients over the micro-batches of one mini-batch, then step once (or
+        skip the step when the gradient is not finite). Returns micro-batches processed."""
+        micros = [[sequences[i] for i in micro] for micro in mini]
+        token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
+        step_count = sum(len(q.spans) for seqs in micros for q in seqs)
+        done = 0
+        for seqs in micros:
+            batch = collate(seqs, rows, self.pad_id).to(self.device)
+            try:
+                parts = self._micro_backward(batch, token_count, step_count)
+            except FloatingPointError:
+                metrics.nonfinite_losses += 1  # this micro-batch adds no gradient
+                continue
+            done += 1
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + value
+            metrics.trained_tokens += batch.response_tokens
+            metrics.padded_tokens += int(batch.input_ids.numel())
+        norm = self._grad_norm()
+        if norm is not None and not math.isfinite(norm):
+            # a non-finite gradient never reaches the weights (or a checkpoint)
+            self.engine.zero_grad()
+            metrics.skipped_steps += 1
+            return done
+        self.engine.step()
+        norm = norm if norm is not None else self.engine.get_global_grad_norm()
+        sums["norm"] = sums.get("norm", 0.0) + float(norm or 0.0)
+        metrics.optimizer_steps += 1
+        return done
+
+    def _micro_backward(
+        self, batch: MicroBatch, token_count: int, step_count: int
+    ) -> dict[str, float]:
+        """Loss of one micro-batch, scaled so micro-batches sum to the mini-batch aggregate."""
+        cfg = self.cfg
+        logp, logp_all, values = self._logprobs(self.engine, batch, with_values=cfg.value_head)
+        agg = {"mode": cfg.loss_agg_mode, "token_count": token_count, "seq_count": step_count}
+        segments = _flat(batch.token_step)
+        ones = torch.ones_like(_flat(logp))
+        pg = clipped_policy_loss(
+            _flat(logp),
+            _flat(batch.old_logprobs),
+            _flat(batch.advantages[batch.token_step]),
+            ones,
+            cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            segments=segments,
+            **agg,
+        )
+        loss = pg.loss
+        parts = {"clip_fraction": pg.clip_fraction, "dual_clip_fraction": pg.dual_clip_fraction,
+                 "approx_kl": pg.approx_kl, "ratio_mean": pg.ratio_mean}  # fmt: skip
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * aggregate(
+                _flat(entropy), ones, segments=segments, **agg
+            )
+        if self.reference is not None and cfg.kl_loss_coef:
+            with torch.no_grad():
+                ref_logp, _, _ = self._logprobs(self.reference, batch, with_values=False)
+            kl = kl_penalty(_flat(logp), _flat(ref_logp), cfg.kl_estimator)
+            loss = loss + cfg.kl_loss_coef * aggregate(kl, ones, segments=segments, **agg)
+            parts["kl_ref"] = float(kl.detach().mean())
+        if values is not None:
+            vl = value_loss(
+                values, batch.old_values, batch.returns, cfg.value_clip, token_count=step_count
+            )
+            loss = loss + cfg.value_loss_coef * vl.loss
+            parts |= {"value_loss": float(vl.loss.detach()) * step_count / max(1, batch.steps),
+                      "value_clip_fraction": vl.clip_fraction}  # fmt: skip
+        if not torch.isfinite(loss):
+            raise FloatingPointError("non-finite loss")
+        self.engine.backward(loss, scale_wrt_gas=False)
+        parts["loss"] = float(loss.detach())
+        parts["entropy"] = float(entropy.detach().mean())
+        return parts
 
     def _grad_norm(self) -> float | None:
         """L2 norm of the accumulated gradients before the step (ZeRO 0/1 keep full grads on
@@ -182,36 +269,57 @@ class PolicyTrainer:
             return 0.0
         return float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])))
 
-    def _micro_backward(
-        self, batch: MicroBatch, token_count: int
-    ) -> tuple[PolicyLossOutput, float]:
-        logp, ent = self._forward_logprobs(batch)
-        out = clipped_policy_loss(
-            logp,
-            batch.old_logprobs,
-            batch.advantages,
-            batch.response_mask,
-            self.cfg.clip_eps,
-            token_count=token_count,
-        )
-        if not torch.isfinite(out.loss):
-            raise FloatingPointError("non-finite policy loss")
-        self.engine.backward(out.loss, scale_wrt_gas=False)
-        mean_ent = float((ent * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1))
-        return out, mean_ent
+    @torch.no_grad()
+    def _per_step(self, module, rows: list[TrainRow], with_values: bool):
+        """Unpacked no-grad forwards over `rows`: per-row token log-probs and values."""
+        sequences, _ = build_sequences(rows, pack=False)
+        logps: list[list[float]] = [[] for _ in rows]
+        values = [0.0] * len(rows)
+        size = self.cfg.micro_batch_size
+        for start in range(0, len(sequences), size):
+            seqs = sequences[start : start + size]
+            batch = collate(seqs, rows, self.pad_id).to(self.device)
+            logp, _, vals = self._logprobs(module, batch, with_values)
+            step_rows = [span[0] for q in seqs for span in q.spans]
+            for step, row in enumerate(step_rows):
+                logps[row] = logp[batch.token_step == step].tolist()
+                if vals is not None:
+                    values[row] = float(vals[step])
+        return logps, values
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (gathered) model weights, for the rollout engine and HF checkpoints."""
+    def _recompute_old_logprobs(self, rows: list[TrainRow]) -> list[TrainRow]:
+        logps, _ = self._per_step(self.engine.module, rows, with_values=False)
+        return [replace(r, old_logprobs=lp) for r, lp in zip(rows, logps, strict=True)]
+
+    def step_values(self, rows: list[TrainRow]) -> list[float]:
+        """The value head's estimate at each row's last prompt token."""
+        if not self.cfg.value_head:
+            raise RuntimeError("step_values needs trainer.value_head=true")
+        return self._per_step(self.engine.module, rows, with_values=True)[1]
+
+    def reference_kl(self, rows: list[TrainRow]) -> list[float]:
+        """Per-step KL of the sampling policy to the reference: the sum over response tokens of
+        (rollout log-prob - reference log-prob) (the k1 estimate, for KL-in-reward)."""
+        if self.reference is None:
+            raise RuntimeError("reference_kl needs a reference model (a KL coefficient > 0)")
+        ref, _ = self._per_step(self.reference, rows, with_values=False)
+        return [float(sum(r.old_logprobs) - sum(lp)) for r, lp in zip(rows, ref, strict=True)]
+
+    def lm_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (gathered) LM weights, for the rollout engine and HF checkpoints."""
         if self.cfg.zero_stage == 3:
-            return self.engine._zero3_consolidated_16bit_state_dict()
-        return self.engine.module.state_dict()
+            full = self.engine._zero3_consolidated_16bit_state_dict()
+            return {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
+        return self.engine.module.lm.state_dict()
 
     def save(self, checkpoint_dir: Path, metadata: dict) -> Path:
-        """Write the HF folder (+ DeepSpeed state) to `checkpoint_dir` atomically."""
+        """Write the HF folder (+ value head, + DeepSpeed state) to `checkpoint_dir` atomically."""
         tmp = checkpoint_dir.with_name(checkpoint_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.engine.module.save_pretrained(tmp, state_dict=self.state_dict())
+        module: PolicyModule = self.engine.module
+        module.lm.save_pretrained(tmp, state_dict=self.lm_state_dict())
         self.tokenizer.save_pretrained(tmp)
+        module.save_value_head(tmp)
         if self.cfg.save_deepspeed_state:
             self.engine.save_checkpoint(str(tmp / DS_STATE_DIR), tag="state")
         (tmp / "steprl.json").write_text(json.dumps(metadata, indent=2, default=str))
@@ -229,8 +337,8 @@ class PolicyTrainer:
 
 
 def metrics_dict(metrics: UpdateMetrics) -> dict[str, float]:
-    """`UpdateMetrics` as a flat dict with finite floats."""
-    return {
-        k: (float(v) if math.isfinite(float(v)) else float("nan"))
-        for k, v in asdict(metrics).items()
-    }
+    """`UpdateMetrics` as a flat dict of floats."""
+    return {k: float(v) for k, v in asdict(metrics).items()}
+
+
+__all__ = ["PolicyTrainer", "TrainRow", "TrainSequence", "UpdateMetrics", "metrics_dict"]
