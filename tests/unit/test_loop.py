@@ -127,3 +127,45 @@ def test_hf_engine_stops_on_stop_string(tiny_model_dir) -> None:
     assert stopped
     for gen in stopped:
         assert engine.tokenizer.decode(gen.token_ids, skip_special_tokens=True).endswith("e")
+
+
+def test_window_context_prompts_are_exactly_what_the_model_saw(tiny_tokenizer) -> None:
+    from agent_core.context import SlidingWindow
+
+    engine = ScriptedEngine(tiny_tokenizer)
+    loop = AgentEnvLoop(
+        engine,
+        AgentFlow(tiny_tokenizer),
+        partial(CalculatorEnv, max_steps=4, context=SlidingWindow(1)),
+        SamplingParams(),
+        10_000,
+    )
+    steps, _ = loop.run(_tasks([9]), group_size=1, meta=META)  # calls the tool every turn
+    assert len(steps) == 4
+    given = [p for batch in engine.calls for p in batch]
+    assert [s.prompt_ids for s in steps] == given
+    # step 3 sees the prefix and only the last turn: one tool message beyond the examples' two
+    last = tiny_tokenizer.decode(steps[3].prompt_ids)
+    assert last.count("<|im_start|>tool") == 2 + 1
+    # a one-turn window keeps the prompt from growing once the window is full
+    assert len(steps[3].prompt_ids) == len(steps[2].prompt_ids) < len(steps[0].prompt_ids) + 200
+
+
+def test_policy_summarizer_uses_the_engine(tiny_tokenizer) -> None:
+    from agent_core.context import PolicySummarizer, Summarize
+
+    engine = ScriptedEngine(tiny_tokenizer)
+    loop = AgentEnvLoop(
+        engine,
+        AgentFlow(tiny_tokenizer),
+        partial(
+            CalculatorEnv, max_steps=4, context=Summarize(PolicySummarizer(), keep_last_turns=1)
+        ),
+        SamplingParams(),
+        10_000,
+    )
+    steps, _ = loop.run(_tasks([9]), group_size=1, meta=META)
+    assert len(steps) == 4
+    # turns 2 and 3 fold earlier turns into a summary written by the engine (extra calls)
+    assert len(engine.calls) > 4
+    assert "Summary of earlier steps:" in tiny_tokenizer.decode(steps[3].prompt_ids)
