@@ -105,16 +105,6 @@ class UpdateResult(BaseModel):
     seconds: float
 
 
-class LogResult(BaseModel):
-    """What was logged to MLflow for the iteration."""
-
-    iteration: int
-    mlflow_run_id: str
-    metrics: dict[str, float]
-    dataset_digest: str
-    checkpoint_artifact: str | None
-
-
 def run_dir_of(cfg: RunConfig) -> Path:
     """The folder of this run: `<output_dir>/<name>`."""
     return Path(cfg.run.output_dir) / cfg.run.name
@@ -401,94 +391,6 @@ def update(
         seconds=time.perf_counter() - start,
     )
     record.write_text(result.model_dump_json())
-    return result
-
-
-def _samples(steps: list[Step], count: int) -> list[dict]:
-    """A few whole trajectories as readable dicts (text only, no token ids)."""
-    out = []
-    for trajectory in list(group_trajectories(steps).values())[:count]:
-        out.append(
-            {
-                "trajectory_id": trajectory[0].trajectory_id,
-                "task_id": trajectory[0].task_id,
-                "success": trajectory[-1].success,
-                "steps": [
-                    {
-                        "response": s.response_text,
-                        "feedback": s.feedback_text,
-                        "reward": s.reward,
-                        "advantage": s.advantage,
-                        "info": s.info,
-                    }
-                    for s in trajectory
-                ],
-            }
-        )
-    return out
-
-
-def iteration_metrics(
-    shards: list[ShardResult], scored: ScoreResult, partition: PartitionResult, upd: UpdateResult
-) -> dict[str, float]:
-    """Every number MLflow records for one iteration."""
-    gen_tokens = sum(s.generated_tokens for s in shards)
-    gen_seconds = sum(s.generate_seconds for s in shards)
-    metrics = dict(scored.metrics)
-    metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k != "seconds"}
-    metrics |= {
-        "rollout/episodes": float(sum(s.episodes for s in shards)),
-        "rollout/steps": float(sum(s.steps for s in shards)),
-        "rollout/generate_calls": float(sum(s.generate_calls for s in shards)),
-        "rollout/generated_tokens": float(gen_tokens),
-        "throughput/generated_tokens_per_s": gen_tokens / gen_seconds if gen_seconds else 0.0,
-        "throughput/trained_tokens_per_s": upd.metrics.get("trained_tokens", 0.0)
-        / max(upd.metrics.get("seconds", 0.0), 1e-9),
-        "timing_s/collect": max(s.seconds for s in shards),
-        "timing_s/score": scored.seconds,
-        "timing_s/write_replay": partition.seconds,
-        "timing_s/update": upd.seconds,
-    }
-    return metrics
-
-
-def log_iteration(
-    cfg: RunConfig,
-    run: RunHandle,
-    iteration: int,
-    shards: list[ShardResult],
-    scored: ScoreResult,
-    partition: PartitionResult,
-    upd: UpdateResult,
-) -> LogResult:
-    """Log the iteration to MLflow (metrics, step table, checkpoint, samples), then mark it done."""
-    from agent_core import tracking
-
-    run_dir = Path(run.run_dir)
-    mark = iteration_dir(run_dir, iteration) / LOGGED_MARK
-    if mark.is_file():
-        return LogResult.model_validate_json(mark.read_text())
-    start = time.perf_counter()
-    t = cfg.tracking
-    digest = tracking.log_step_table(t, run.mlflow_run_id, iteration, Path(partition.path))
-    artifact = None
-    if t.log_checkpoints and Path(upd.checkpoint).is_dir():
-        artifact = tracking.log_checkpoint(t, run.mlflow_run_id, iteration, Path(upd.checkpoint))
-    if t.sample_trajectories:
-        steps = table_to_steps(read_partition(run_dir, iteration))
-        samples = _samples(steps, t.sample_trajectories)
-        tracking.log_json(t, run.mlflow_run_id, samples, f"trajectories/iter_{iteration:04d}.json")
-    metrics = iteration_metrics(shards, scored, partition, upd)
-    metrics["timing_s/log"] = time.perf_counter() - start
-    tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
-    result = LogResult(
-        iteration=iteration,
-        mlflow_run_id=run.mlflow_run_id,
-        metrics=metrics,
-        dataset_digest=digest,
-        checkpoint_artifact=artifact,
-    )
-    mark.write_text(result.model_dump_json())
     return result
 
 

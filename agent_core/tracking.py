@@ -167,3 +167,101 @@ def end_run(cfg: TrackingSection, run_id: str, status: str = "FINISHED") -> None
 def list_artifacts(cfg: TrackingSection, run_id: str, path: str | None = None) -> list[str]:
     """Artifact paths directly under `path`."""
     return [a.path for a in client_for(cfg).list_artifacts(run_id, path)]
+
+
+def experiment_id_of(cfg: TrackingSection, run_id: str) -> str:
+    """The experiment holding `run_id`."""
+    return client_for(cfg).get_run(run_id).info.experiment_id
+
+
+def run_url(cfg: TrackingSection, run_id: str) -> str:
+    """Where a person opens the run: the server's UI page, or the `mlflow ui` command."""
+    uri = tracking_uri(cfg)
+    exp = experiment_id_of(cfg, run_id)
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+    return f"mlflow ui --backend-store-uri {uri}  ->  experiment {exp}, run {run_id}"
+
+
+def log_trajectory_traces(
+    cfg: TrackingSection, run_id: str, trajectories: list[dict[str, Any]]
+) -> int:
+    """One MLflow trace per trajectory, one child span per step (prompt, response, tool
+    calls, feedback, reward, advantage). `trajectories[i]` = {"trajectory_id", "task_id",
+    "iteration", "success", "steps": [{"prompt", "response", "tool_calls", "feedback",
+    "reward", "advantage", "return", "done", "info"}]}. Returns the number logged."""
+    # MLflow exports traces through the process-wide tracking URI, not the client's
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    client = client_for(cfg)
+    experiment = experiment_id_of(cfg, run_id)
+    for traj in trajectories:
+        root = client.start_trace(
+            name=f"trajectory {traj['trajectory_id']}",
+            span_type="AGENT",
+            inputs={"task_id": traj["task_id"], "task": traj["steps"][0]["prompt"][-2000:]},
+            tags={
+                "steprl.iteration": str(traj["iteration"]),
+                "steprl.task_id": traj["task_id"],
+                "steprl.success": str(traj["success"]),
+            },
+            experiment_id=experiment,
+            run_id=run_id,
+        )
+        for index, step in enumerate(traj["steps"]):
+            span = client.start_span(
+                name=f"step {index}",
+                trace_id=root.trace_id,
+                parent_id=root.span_id,
+                span_type="LLM",
+                inputs={"prompt": step["prompt"]},
+                attributes={
+                    "reward": step["reward"],
+                    "advantage": step["advantage"],
+                    "return": step["return"],
+                    "done": step["done"],
+                },
+            )
+            outputs = {k: step[k] for k in ("response", "tool_calls", "feedback", "reward")}
+            client.end_span(root.trace_id, span.span_id, outputs=outputs)
+        client.end_trace(
+            root.trace_id,
+            outputs={"success": traj["success"], "return": traj["steps"][0]["return"]},
+        )
+    mlflow.flush_trace_async_logging()  # traces are durable before the iteration counts as logged
+    return len(trajectories)
+
+
+def register_checkpoint(
+    cfg: TrackingSection, run_id: str, artifact_path: str, name: str, iteration: int
+) -> str:
+    """A new version of registered model `name` whose source is the checkpoint artifact."""
+    client = client_for(cfg)
+    try:
+        client.get_registered_model(name)
+    except mlflow.exceptions.MlflowException:
+        client.create_registered_model(name, description="steprl policy checkpoints")
+    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+    version = client.create_model_version(
+        name, source=source, run_id=run_id, tags={"steprl.iteration": str(iteration)}
+    )
+    return str(version.version)
+
+
+def log_learning_curve(cfg: TrackingSection, run_id: str, keys: list[str]) -> None:
+    """Plot the metric histories of `keys` against iteration and log plots/learning_curve.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    client = client_for(cfg)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in keys:
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        if history:
+            ax.plot([m.step for m in history], [m.value for m in history], marker="o", label=key)
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    client.log_figure(run_id, fig, "plots/learning_curve.png")
+    plt.close(fig)

@@ -340,6 +340,24 @@ class TrackingSection(Section):
     sample_trajectories: int = Field(
         4, ge=0, description="Trajectories per iteration logged as a readable JSON artifact."
     )
+    traces_per_iteration: int = Field(
+        64,
+        ge=0,
+        description="Trajectories per iteration logged as MLflow traces (one span per step with "
+        "prompt, response, tool calls, feedback and reward); 0 = none.",
+    )
+    register_every: int = Field(
+        0,
+        ge=0,
+        description="Register the checkpoint as a new version of `registered_model` in the "
+        "MLflow model registry every K iterations (and after the last); 0 = never.",
+    )
+    registered_model: str | None = Field(
+        None, description="Registered model name; None = 'steprl-<run name>'."
+    )
+    plot_curve: bool = Field(
+        True, description="Log a reward/success curve PNG (plots/learning_curve.png) each iteration."
+    )
 
 
 class EvalSection(Section):

@@ -1,24 +1,32 @@
-"""Prefect tasks of a training iteration: one verb each, wiring `agent_core.iteration` phases.
+"""Prefect tasks of a training iteration: one verb each, wiring `agent_core` phases.
 
 Tasks take and return small pydantic models (config, paths, counts, metrics), never tensors or
-tables. Every phase is idempotent on disk, so retrying a task is safe.
+tables. Results are persisted and cached by their inputs (the run handle carries the run's
+MLflow id, so a new run never hits an old cache): a retried flow run returns finished tasks'
+results instead of redoing them. Every phase is also idempotent on disk, so retries are safe.
 """
 
 from __future__ import annotations
 
+import re
+
 from prefect import task
-from prefect.cache_policies import NONE
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import INPUTS, NONE, TASK_SOURCE
 
 from agent_core import iteration as phases
-from agent_core.iteration import (
-    LogResult,
-    PartitionResult,
-    RunHandle,
-    ScoreResult,
-    ShardResult,
-    UpdateResult,
-)
+from agent_core import reporting
+from agent_core.iteration import PartitionResult, RunHandle, ScoreResult, ShardResult, UpdateResult
+from agent_core.reporting import LogResult
 from configs.run_config import RunConfig
+
+CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
+
+
+def artifact_key(run_name: str, iteration: int) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) for a run's iteration."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+    return f"steprl-{slug}-iter-{iteration}"
 
 
 @task(name="prepare_run", cache_policy=NONE)
@@ -27,13 +35,13 @@ def prepare_run(config: RunConfig, tags: dict[str, str]) -> RunHandle:
     return phases.prepare_run(config, tags)
 
 
-@task(name="collect_rollouts", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+@task(name="collect_rollouts", retries=2, retry_delay_seconds=2, **CACHED)
 def collect_rollouts(config: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
     """Run one shard's episodes with the current policy and stage its steps."""
     return phases.collect_shard(config, run, iteration, shard)
 
 
-@task(name="score_rollouts", cache_policy=NONE)
+@task(name="score_rollouts", **CACHED)
 def score_rollouts(
     config: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]
 ) -> ScoreResult:
@@ -41,13 +49,13 @@ def score_rollouts(
     return phases.score(config, run, iteration, shards)
 
 
-@task(name="write_replay", cache_policy=NONE, retries=1)
+@task(name="write_replay", retries=1, **CACHED)
 def write_replay(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
     """Commit the iteration's Arrow replay partition."""
     return phases.commit(run, iteration, scored)
 
 
-@task(name="update_policy", cache_policy=NONE)
+@task(name="update_policy", **CACHED)
 def update_policy(
     config: RunConfig, run: RunHandle, iteration: int, partition: PartitionResult
 ) -> UpdateResult:
@@ -55,7 +63,7 @@ def update_policy(
     return phases.update(config, run, iteration, partition)
 
 
-@task(name="log_iteration", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+@task(name="log_iteration", retries=2, retry_delay_seconds=2, **CACHED)
 def log_iteration(
     config: RunConfig,
     run: RunHandle,
@@ -65,8 +73,23 @@ def log_iteration(
     partition: PartitionResult,
     updated: UpdateResult,
 ) -> LogResult:
-    """Metrics, step table, checkpoint and samples to MLflow."""
-    return phases.log_iteration(config, run, iteration, shards, scored, partition, updated)
+    """Metrics, step table, checkpoint, traces and samples to MLflow; a Prefect artifact
+    linking to the MLflow run."""
+    result = reporting.log_iteration(config, run, iteration, shards, scored, partition, updated)
+    m = result.metrics
+    create_markdown_artifact(
+        key=artifact_key(config.run.name, iteration),
+        markdown=(
+            f"### {config.run.name} — iteration {iteration}\n\n"
+            f"| reward/mean | success_rate | policy loss | steps/episode |\n|---|---|---|---|\n"
+            f"| {m['reward/mean']:.3f} | {m['success_rate']:.3f} | {m['actor/policy_loss']:.4f} "
+            f"| {m['episode/steps_mean']:.2f} |\n\n"
+            f"MLflow run `{result.mlflow_run_id}`: {result.mlflow_url}\n\n"
+            f"Replay partition: `{partition.path}` ({partition.rows} steps)"
+        ),
+        description=f"steprl iteration {iteration} of run {config.run.name}",
+    )
+    return result
 
 
 @task(name="finish_run", cache_policy=NONE)

@@ -29,6 +29,7 @@ def trained(prefect_harness, tmp_path_factory: pytest.TempPathFactory):
             f"model.path={root / 'tiny-model'}",
             f"run.output_dir={root / 'runs'}",
             f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+            "tracking.register_every=1",
         ],
     )
     summary = train(config)
@@ -112,6 +113,52 @@ def test_mlflow_run_holds_metrics_dataset_and_checkpoint(trained) -> None:
     assert replay == {"replay/iter_0001/steps.parquet"}
     inputs = run.inputs.dataset_inputs
     assert [d.dataset.name for d in inputs] == ["steps_iter_0001"]
+    assert inputs[0].dataset.digest and "prompt_ids" in inputs[0].dataset.schema
+    plots = {a.path for a in client.list_artifacts(summary.mlflow_run_id, "plots")}
+    assert plots == {"plots/learning_curve.png"}
+
+
+def test_mlflow_traces_one_per_trajectory(trained) -> None:
+    config, summary, root = trained
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    stored = table_to_steps(read_partition(summary.run_dir, 1))
+    run = client.get_run(summary.mlflow_run_id)
+    traces = client.search_traces(
+        experiment_ids=[run.info.experiment_id], run_id=summary.mlflow_run_id, max_results=500
+    )
+    trajectories = {s.trajectory_id for s in stored}
+    assert len(traces) == len(trajectories)
+    for trace in traces:
+        steps = [s for s in trace.data.spans if s.name.startswith("step ")]
+        root_span = next(s for s in trace.data.spans if s.parent_id is None)
+        tid = root_span.name.removeprefix("trajectory ")
+        assert len(steps) == sum(s.trajectory_id == tid for s in stored)
+        assert {"prompt"} <= set(steps[0].inputs) and {
+            "response",
+            "tool_calls",
+            "feedback",
+            "reward",
+        } <= set(steps[0].outputs)
+
+
+def test_checkpoint_is_a_registered_model_version(trained) -> None:
+    config, summary, root = trained
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    versions = client.search_model_versions(f"name='steprl-{config.run.name}'")
+    assert [v.run_id for v in versions] == [summary.mlflow_run_id]
+    assert versions[0].source.endswith("checkpoints/iter_0001")
+
+
+def test_prefect_markdown_artifact_links_the_mlflow_run(trained) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    _, summary, _ = trained
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["steprl-smoke-iter-1"]))
+        )
+    assert found and summary.mlflow_run_id in found[0].data
 
 
 def test_rerun_resumes_at_the_next_iteration(trained) -> None:

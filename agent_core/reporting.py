@@ -1,0 +1,193 @@
+"""What an iteration reports to MLflow: metrics, the step table (dataset input and artifact),
+the checkpoint (artifact and registry version), sample trajectories, traces, the curve.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from agent_core.envs.tool_calls import CallError, parse_tool_calls
+from agent_core.iteration import (
+    LOGGED_MARK,
+    PartitionResult,
+    RunHandle,
+    ScoreResult,
+    ShardResult,
+    UpdateResult,
+)
+from agent_core.records import Step
+from agent_core.replay.schema import table_to_steps
+from agent_core.replay.store import iteration_dir, read_partition
+from agent_core.rewards import group_trajectories
+from configs.run_config import RunConfig
+
+CURVE_KEYS = ["reward/mean", "success_rate", "eval/success_rate"]
+
+
+class LogResult(BaseModel):
+    """What was logged to MLflow for the iteration."""
+
+    iteration: int
+    mlflow_run_id: str
+    mlflow_url: str
+    metrics: dict[str, float]
+    dataset_digest: str
+    checkpoint_artifact: str | None
+    model_version: str | None = None
+    traces: int = 0
+
+
+def _samples(steps: list[Step], count: int) -> list[dict]:
+    """A few whole trajectories as readable dicts (text only, no token ids)."""
+    out = []
+    for trajectory in list(group_trajectories(steps).values())[:count]:
+        out.append(
+            {
+                "trajectory_id": trajectory[0].trajectory_id,
+                "task_id": trajectory[0].task_id,
+                "success": trajectory[-1].success,
+                "steps": [
+                    {
+                        "response": s.response_text,
+                        "feedback": s.feedback_text,
+                        "reward": s.reward,
+                        "advantage": s.advantage,
+                        "info": s.info,
+                    }
+                    for s in trajectory
+                ],
+            }
+        )
+    return out
+
+
+def iteration_metrics(
+    shards: list[ShardResult], scored: ScoreResult, partition: PartitionResult, upd: UpdateResult
+) -> dict[str, float]:
+    """Every number MLflow records for one iteration."""
+    gen_tokens = sum(s.generated_tokens for s in shards)
+    gen_seconds = sum(s.generate_seconds for s in shards)
+    metrics = dict(scored.metrics)
+    metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k != "seconds"}
+    metrics |= {
+        "rollout/episodes": float(sum(s.episodes for s in shards)),
+        "rollout/steps": float(sum(s.steps for s in shards)),
+        "rollout/generate_calls": float(sum(s.generate_calls for s in shards)),
+        "rollout/generated_tokens": float(gen_tokens),
+        "throughput/generated_tokens_per_s": gen_tokens / gen_seconds if gen_seconds else 0.0,
+        "throughput/trained_tokens_per_s": upd.metrics.get("trained_tokens", 0.0)
+        / max(upd.metrics.get("seconds", 0.0), 1e-9),
+        "timing_s/collect": max(s.seconds for s in shards),
+        "timing_s/score": scored.seconds,
+        "timing_s/write_replay": partition.seconds,
+        "timing_s/update": upd.seconds,
+    }
+    return metrics
+
+
+def _tool_calls(text: str) -> list[dict]:
+    return [
+        {"error": c.message}
+        if isinstance(c, CallError)
+        else {"name": c.name, "arguments": c.arguments}
+        for c in parse_tool_calls(text)
+    ]
+
+
+def trace_payloads(steps: list[Step], tokenizer, count: int) -> list[dict]:
+    """The first `count` trajectories as trace payloads (prompts decoded from the stored ids)."""
+    payloads = []
+    for trajectory in list(group_trajectories(steps).values())[:count]:
+        payloads.append(
+            {
+                "trajectory_id": trajectory[0].trajectory_id,
+                "task_id": trajectory[0].task_id,
+                "iteration": trajectory[0].iteration,
+                "success": trajectory[-1].success,
+                "steps": [
+                    {
+                        "prompt": tokenizer.decode(s.prompt_ids),
+                        "response": s.response_text,
+                        "tool_calls": _tool_calls(s.response_text),
+                        "feedback": s.feedback_text,
+                        "reward": s.reward,
+                        "advantage": s.advantage,
+                        "return": s.return_,
+                        "done": s.done,
+                    }
+                    for s in trajectory
+                ],
+            }
+        )
+    return payloads
+
+
+def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateResult) -> dict:
+    """Checkpoint artifact and registry version, samples, traces. Returns what was logged."""
+    from transformers import AutoTokenizer
+
+    from agent_core import tracking
+
+    t, run_id = cfg.tracking, run.mlflow_run_id
+    logged: dict = {"checkpoint_artifact": None, "model_version": None, "traces": 0}
+    if t.log_checkpoints and Path(upd.checkpoint).is_dir():
+        artifact = tracking.log_checkpoint(t, run_id, iteration, Path(upd.checkpoint))
+        logged["checkpoint_artifact"] = artifact
+        due = t.register_every and (
+            iteration % t.register_every == 0 or iteration == run.iterations
+        )
+        if due:
+            name = t.registered_model or f"steprl-{cfg.run.name}"
+            logged["model_version"] = tracking.register_checkpoint(
+                t, run_id, artifact, name, iteration
+            )
+    if t.sample_trajectories or t.traces_per_iteration:
+        steps = table_to_steps(read_partition(run.run_dir, iteration))
+        samples = _samples(steps, t.sample_trajectories)
+        tracking.log_json(t, run_id, samples, f"trajectories/iter_{iteration:04d}.json")
+        if t.traces_per_iteration:
+            tokenizer = AutoTokenizer.from_pretrained(run.base_model)
+            payloads = trace_payloads(steps, tokenizer, t.traces_per_iteration)
+            logged["traces"] = tracking.log_trajectory_traces(t, run_id, payloads)
+    return logged
+
+
+def log_iteration(
+    cfg: RunConfig,
+    run: RunHandle,
+    iteration: int,
+    shards: list[ShardResult],
+    scored: ScoreResult,
+    partition: PartitionResult,
+    upd: UpdateResult,
+) -> LogResult:
+    """Log the iteration to MLflow, then mark it done (a rerun returns the stored result)."""
+    from agent_core import tracking
+
+    mark = iteration_dir(run.run_dir, iteration) / LOGGED_MARK
+    if mark.is_file():
+        return LogResult.model_validate_json(mark.read_text())
+    start = time.perf_counter()
+    t = cfg.tracking
+    digest = tracking.log_step_table(t, run.mlflow_run_id, iteration, Path(partition.path))
+    logged = _log_browsables(cfg, run, iteration, upd)
+    metrics = iteration_metrics(shards, scored, partition, upd)
+    metrics["timing_s/log"] = time.perf_counter() - start
+    tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
+    if t.plot_curve:
+        tracking.log_learning_curve(t, run.mlflow_run_id, CURVE_KEYS)
+    result = LogResult(
+        iteration=iteration,
+        mlflow_run_id=run.mlflow_run_id,
+        mlflow_url=tracking.run_url(t, run.mlflow_run_id),
+        metrics=metrics,
+        dataset_digest=digest,
+        checkpoint_artifact=logged["checkpoint_artifact"],
+        model_version=logged["model_version"],
+        traces=logged["traces"],
+    )
+    mark.write_text(result.model_dump_json())
+    return result
