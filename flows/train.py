@@ -46,7 +46,7 @@ def train(config: RunConfig) -> TrainSummary:
     try:
         if every and run.start_iteration == 1:
             evaluate_policy(config, run, 0)  # the base policy: the curve's starting point
-        for k in range(run.start_iteration, config.run.iterations + 1):
+        for k in range(run.start_iteration, run.iterations + 1):
             shard_futures = [
                 collect_rollouts.submit(config, run, k, shard)
                 for shard in range(config.rollout.num_shards)
@@ -57,7 +57,7 @@ def train(config: RunConfig) -> TrainSummary:
             updated = update_policy(config, run, k, partition)
             logged = log_iteration(config, run, k, shards, scored, partition, updated)
             metrics = logged.metrics
-            if every and (k % every == 0 or k == config.run.iterations):
+            if every and (k % every == 0 or k == run.iterations):
                 metrics = metrics | evaluate_policy(config, run, k).metrics
             done.append(k)
             print(
