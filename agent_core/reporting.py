@@ -4,6 +4,7 @@ the checkpoint (artifact and registry version), sample trajectories, traces, the
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -191,3 +192,26 @@ def log_iteration(
     )
     mark.write_text(result.model_dump_json())
     return result
+
+
+def run_summaries(output_dir: Path) -> list[dict]:
+    """Each run folder under `output_dir`: name, complete iterations, last metrics (including
+    the latest eval/*), MLflow run id. Read from the run folders, no server needed."""
+    from agent_core.tracking import recorded_run_id
+
+    out = []
+    for run_dir in sorted(p for p in Path(output_dir).glob("*") if p.is_dir()):
+        logged = sorted(run_dir.glob(f"iter_*/{LOGGED_MARK}"))
+        metrics = LogResult.model_validate_json(logged[-1].read_text()).metrics if logged else {}
+        evals = sorted(run_dir.glob("eval/iter_*/result.json"))
+        if evals:
+            metrics = metrics | json.loads(evals[-1].read_text())["metrics"]
+        out.append(
+            {
+                "name": run_dir.name,
+                "iterations": len(logged),
+                "metrics": metrics,
+                "mlflow_run_id": recorded_run_id(run_dir),
+            }
+        )
+    return out

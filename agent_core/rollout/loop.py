@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from agent_core import progress
 from agent_core.agent_flow import AgentFlow
 from agent_core.context import ContextServices
 from agent_core.envs.base import AgentEnv
@@ -81,6 +82,7 @@ class AgentEnvLoop:
         stats = RolloutStats()
         episodes = [self._start(task, j, meta) for task in tasks for j in range(group_size)]
         stats.episodes = len(episodes)
+        progress.start("rollout", len(episodes))
         turn = 0
         while live := [ep for ep in episodes if not ep.done]:
             params = replace(self.sampling, seed=self.sampling.seed + 7919 * turn)
@@ -93,8 +95,11 @@ class AgentEnvLoop:
             start = time.perf_counter()
             for ep, gen in zip(live, generations, strict=True):
                 self._advance(ep, gen, meta, stats)
+                if ep.done:
+                    progress.advance("rollout")
             stats.env_seconds += time.perf_counter() - start
             turn += 1
+        progress.finish("rollout")
         steps = [step for ep in episodes for step in ep.steps]
         stats.steps = len(steps)
         return steps, stats

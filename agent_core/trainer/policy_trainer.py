@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from agent_core import progress
 from agent_core.algorithms.losses import aggregate, clipped_policy_loss, kl_penalty, value_loss
 from agent_core.trainer.batching import (
     MicroBatch,
@@ -164,6 +165,8 @@ class PolicyTrainer:
         lengths = [len(s.input_ids) for s in sequences]
         sums: dict[str, float] = {}
         micro_count = 0
+        per_epoch = -(-len(sequences) // self.cfg.mini_batch_size)
+        progress.start("update", per_epoch * self.cfg.epochs)
         for epoch in range(self.cfg.epochs):
             seed = self.seed + 1000 * iteration + epoch
             plan = plan_minibatches(
@@ -171,6 +174,8 @@ class PolicyTrainer:
             )
             for mini in plan:
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
+                progress.advance("update")
+        progress.finish("update")
         steps, n_micro = max(1, metrics.optimizer_steps), max(1, micro_count)
         metrics.policy_loss = sums.get("loss", 0.0) / steps
         metrics.grad_norm = sums.get("norm", 0.0) / steps

@@ -119,7 +119,7 @@ def test_mlflow_run_holds_metrics_dataset_and_checkpoint(trained) -> None:
 
 
 def test_mlflow_traces_one_per_trajectory(trained) -> None:
-    config, summary, root = trained
+    _config, summary, root = trained
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     stored = table_to_steps(read_partition(summary.run_dir, 1))
     run = client.get_run(summary.mlflow_run_id)

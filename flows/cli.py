@@ -1,0 +1,139 @@
+"""The `steprl` command: train, eval, serve and runs, with rich progress for rollouts and
+updates and `--set key=value` overrides validated by the config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agent_core import progress as progress_hooks
+from agent_core.config import ConfigError, RunConfig, load_config
+
+app = typer.Typer(help="steprl: step-level RL for multi-step LLM agents.", no_args_is_help=True)
+console = Console(stderr=True)
+
+CONFIG_HELP = "Preset name (configs/<name>.yaml) or a YAML file."
+SET_HELP = "Override a config field, e.g. --set trainer.learning_rate=1e-5 (repeatable)."
+
+
+def _config(config: str, overrides: list[str]) -> RunConfig:
+    try:
+        return load_config(config, overrides)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+class RichProgress:
+    """Progress bars for the phases agent_core reports (rollout episodes, update steps)."""
+
+    def __init__(self) -> None:
+        self.bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=False,
+        )  # fmt: skip
+        self.tasks: dict[str, int] = {}
+
+    def start(self, phase: str, total: int) -> None:
+        self.tasks[phase] = self.bars.add_task(phase, total=total)
+
+    def advance(self, phase: str, amount: int = 1) -> None:
+        if phase in self.tasks:
+            self.bars.advance(self.tasks[phase], amount)
+
+    def finish(self, phase: str) -> None:
+        task = self.tasks.pop(phase, None)
+        if task is not None:
+            self.bars.remove_task(task)
+
+
+def _with_progress(fn, *args):
+    sink = RichProgress()
+    progress_hooks.set_sink(sink)
+    try:
+        with sink.bars:
+            return fn(*args)
+    finally:
+        progress_hooks.set_sink(None)
+
+
+@app.command()
+def train(
+    config: str = typer.Option("calculator_grpo", help=CONFIG_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Run the `train` flow (embedded Prefect, or PREFECT_API_URL when set)."""
+    from flows.train import train as train_flow
+    from flows.train import where_to_look
+
+    cfg = _config(config, set_)
+    summary = _with_progress(train_flow, cfg)
+    typer.echo(where_to_look(cfg, summary))
+
+
+@app.command("eval")
+def eval_(
+    config: str = typer.Option("calculator_grpo", help=CONFIG_HELP),
+    checkpoint: str = typer.Option("latest", help="base, latest, iter_000k or a model folder."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Evaluate a checkpoint on held-out tasks (its own MLflow run)."""
+    from flows.evaluate import evaluate
+
+    cfg = _config(config, set_)
+    result = _with_progress(evaluate, cfg, checkpoint)
+    typer.echo(json.dumps(result.model_dump(), indent=2))
+
+
+@app.command()
+def serve(
+    preset: list[str] = typer.Option(["calculator_grpo", "smoke"], help="Presets to deploy."),
+    cron: str | None = typer.Option(None, help="Cron schedule for the train deployments."),
+    interval: int | None = typer.Option(None, help="Interval schedule in seconds (train)."),
+    continue_for: int = typer.Option(
+        0, help="Each scheduled run adds this many iterations to the same run (0 = run.iterations)."
+    ),
+    servers: bool = typer.Option(True, help="Start Prefect and MLflow servers (else use env)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address of the servers."),
+    prefect_port: int = typer.Option(4200),
+    mlflow_port: int = typer.Option(5000),
+) -> None:
+    """Start Prefect + MLflow servers, register deployments, run them until Ctrl-C."""
+    from flows.serve import serve_forever
+
+    for name in preset:
+        _config(name, [])
+    serve_forever(preset, cron, interval, continue_for, servers, host, prefect_port, mlflow_port)
+
+
+@app.command()
+def runs(output_dir: Path = typer.Option(Path("runs"), help="Folder holding the runs.")) -> None:
+    """List runs with their last complete iteration and last metrics."""
+    from agent_core.reporting import run_summaries
+
+    table = Table(
+        "run", "iterations", "reward/mean", "success_rate", "eval/success_rate", "MLflow run"
+    )
+    for s in run_summaries(output_dir):
+        m = s["metrics"]
+        cells = [
+            f"{m[k]:.3f}" if k in m else "-"
+            for k in ("reward/mean", "success_rate", "eval/success_rate")
+        ]
+        table.add_row(s["name"], str(s["iterations"]), *cells, s["mlflow_run_id"] or "-")
+    Console().print(table)
+
+
+def main() -> None:
+    """Entry point of the `steprl` script."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
