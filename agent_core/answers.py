@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-ANSWER_RE = re.compile(r"Answer:\s*\$?\s*(-?[\d,]*\.?\d+)", re.IGNORECASE)
+# `\s*\$?\s*` backtracked quadratically on long runs of spaces; the optional group does not.
+ANSWER_RE = re.compile(r"Answer:\s*(?:\$\s*)?(-?[\d,]*\.?\d+)", re.IGNORECASE)
 
 
 def extract_number_answer(text: str) -> float | None:

@@ -7,13 +7,11 @@ what to fix.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-_CALL_RE = re.compile(re.escape(OPEN_TAG) + r"(.*?)" + re.escape(CLOSE_TAG), re.DOTALL)
 MAX_CALLS_PER_STEP = 4
 MAX_CALL_CHARS = 4_000
 FORMAT_HINT = f'{OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}'
@@ -53,14 +51,31 @@ def _parse_one(body: str) -> ToolCall | CallError:
     return ToolCall(name=payload["name"], arguments=arguments)
 
 
+def _call_bodies(text: str) -> tuple[list[str], bool]:
+    """The text between each open tag and the next close tag, and whether one is left open.
+
+    A linear scan: the lazy regex `<tool_call>(.*?)</tool_call>` retries from every unclosed
+    open tag, which is quadratic in a reply of repeated tags (seconds for ~40 KB).
+    """
+    bodies: list[str] = []
+    start = text.find(OPEN_TAG)
+    while start != -1:
+        end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
+        if end == -1:
+            return bodies, True
+        bodies.append(text[start + len(OPEN_TAG) : end])
+        start = text.find(OPEN_TAG, end + len(CLOSE_TAG))
+    return bodies, False
+
+
 def parse_tool_calls(text: str) -> list[ToolCall | CallError]:
     """All calls in `text`, in order; an unclosed trailing `<tool_call>` is an error too."""
-    results: list[ToolCall | CallError] = [_parse_one(m.group(1)) for m in _CALL_RE.finditer(text)]
-    tail = _CALL_RE.sub("", text)
-    if OPEN_TAG in tail:
+    bodies, unclosed = _call_bodies(text)
+    results: list[ToolCall | CallError] = [_parse_one(body) for body in bodies[:MAX_CALLS_PER_STEP]]
+    if unclosed:
         results.append(CallError(f"unclosed {OPEN_TAG}: end the call with {CLOSE_TAG}"))
-    if len(results) > MAX_CALLS_PER_STEP:
-        extra = len(results) - MAX_CALLS_PER_STEP
+    if len(bodies) + unclosed > MAX_CALLS_PER_STEP:
+        extra = len(bodies) + unclosed - MAX_CALLS_PER_STEP
         note = CallError(f"only {MAX_CALLS_PER_STEP} tool calls per step; {extra} ignored")
         results = [*results[:MAX_CALLS_PER_STEP], note]
     return results

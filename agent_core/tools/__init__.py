@@ -2,9 +2,11 @@
 
 from agent_core.tools.base import BaseTool, ToolError, ToolResult
 from agent_core.tools.calculator import CalculatorTool
+from agent_core.tools.python_sandbox import PythonTool
 
 TOOLS: dict[str, type[BaseTool]] = {
     CalculatorTool.name: CalculatorTool,
+    PythonTool.name: PythonTool,
 }
 
-__all__ = ["TOOLS", "BaseTool", "CalculatorTool", "ToolError", "ToolResult"]
+__all__ = ["TOOLS", "BaseTool", "CalculatorTool", "PythonTool", "ToolError", "ToolResult"]

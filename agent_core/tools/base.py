@@ -64,7 +64,14 @@ class BaseTool(ABC):
 
     def run(self, arguments: Any) -> ToolResult:
         """Validate, execute, and convert any failure into an error result (never raises)."""
-        problem = self.validate(arguments)
+        try:
+            problem = self.validate(arguments)
+        except Exception as exc:  # e.g. RecursionError on arguments nested thousands deep
+            return ToolResult(
+                text=f"Error: cannot validate the arguments of {self.name}: {type(exc).__name__}",
+                error=True,
+                info={"exception": type(exc).__name__},
+            )
         if problem is not None:
             return ToolResult(text=f"Error: {problem}", error=True)
         try:

@@ -45,9 +45,17 @@ def _power(base: float | int, exponent: float | int) -> float | int:
         raise ToolError(f"exponent {exponent} is too large (limit {MAX_EXPONENT})")
     if base == 0 and exponent < 0:
         raise ToolError("division by zero")
-    if abs(base) > 1 and abs(exponent) * math.log10(abs(base)) > math.log10(MAX_ABS_VALUE):
+    # Only a positive power of a big base can grow huge; (10**40)**-2 is just small.
+    if (
+        abs(base) > 1
+        and exponent > 0
+        and exponent * math.log10(abs(base)) > math.log10(MAX_ABS_VALUE)
+    ):
         raise ToolError("result is too large")
-    result = base**exponent
+    try:
+        result = base**exponent
+    except OverflowError:  # a tiny float base to a negative power, e.g. (1e-10)**-64
+        raise ToolError("result is too large") from None
     if isinstance(result, complex):
         raise ToolError("result is not a real number")
     return result
