@@ -159,29 +159,29 @@ class EvalRun(BaseModel):
 
 
 def evaluate_in_training(
-    cfg: RunConfig, run_dir: Path, mlflow_run_id: str, version: int
+    cfg: RunConfig, run, version: int, before_warmup: bool = False
 ) -> EvalOutcome:
-    """Evaluate policy `version` of a training run and log eval/* at step `version` to it
-    (done once: a rerun returns the stored outcome)."""
+    """Evaluate policy `version` of a training run (`run`: its RunHandle) and log eval/* at
+    step `version` to it; with `before_warmup`, the base model as eval_base/* at step 0.
+    Done once: a rerun returns the stored outcome."""
     from agent_core import runtime, tracking
-    from agent_core.iteration import checkpoint_dir
+    from agent_core.iteration import policy_weights
 
-    out = run_dir / "eval" / f"iter_{version:04d}"
+    run_dir = Path(run.run_dir)
+    label = "base" if before_warmup else f"iter_{version:04d}"
+    out = run_dir / "eval" / label
     marker = out / "result.json"
     if marker.is_file():
         return EvalOutcome.model_validate_json(marker.read_text())
-    weights = (
-        resolve_checkpoint(cfg, "base")[0] if version == 0 else checkpoint_dir(run_dir, version)
-    )
-    engine = runtime.rollout_engine(cfg, run_dir, version, weights)
+    weights = Path(run.base_model) if before_warmup else policy_weights(run, version)
+    engine = runtime.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
     outcome = evaluate_policy(cfg, engine, version, str(weights), out)
-    tracking.log_metrics(cfg.tracking, mlflow_run_id, version, outcome.metrics)
-    tracking.log_table(
-        cfg.tracking,
-        mlflow_run_id,
-        Path(outcome.table_path),
-        f"eval/iter_{version:04d}_episodes.json",
-    )
+    if before_warmup:
+        renamed = {k.replace("eval/", "eval_base/", 1): v for k, v in outcome.metrics.items()}
+        outcome = outcome.model_copy(update={"metrics": renamed})
+    tracking.log_metrics(cfg.tracking, run.mlflow_run_id, version, outcome.metrics)
+    artifact = f"eval/{label}_episodes.json"
+    tracking.log_table(cfg.tracking, run.mlflow_run_id, Path(outcome.table_path), artifact)
     marker.write_text(outcome.model_dump_json())
     return outcome
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_core import runtime
 from agent_core.agent_flow import AgentFlow
@@ -24,6 +24,7 @@ from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.returns import StepArrays
 from agent_core.config import dump_config, flatten
 from agent_core.envs import env_class, make_env
+from agent_core.faults import crash_point
 from agent_core.models import ensure_model_folder
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
@@ -55,6 +56,9 @@ class RunHandle(BaseModel):
     run_dir: str
     mlflow_run_id: str
     base_model: str
+    start_weights: str = Field(
+        "", description="Policy version 0: the warm-up checkpoint when warm-up is on, else base."
+    )
     start_iteration: int
     iterations: int
 
@@ -115,10 +119,18 @@ def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
     return run_dir / CHECKPOINTS / f"iter_{iteration:04d}"
 
 
+WARMUP = "warmup"
+
+
+def warmup_dir(run_dir: Path) -> Path:
+    """The checkpoint written by the supervised warm-up (policy version 0 when enabled)."""
+    return Path(run_dir) / CHECKPOINTS / WARMUP
+
+
 def policy_weights(run: RunHandle, version: int) -> Path:
-    """The HF folder holding policy `version` (0 = the base model)."""
+    """The HF folder holding policy `version` (0 = the warm-up checkpoint or the base model)."""
     if version == 0:
-        return Path(run.base_model)
+        return Path(run.start_weights or run.base_model)
     return checkpoint_dir(Path(run.run_dir), version)
 
 
@@ -141,10 +153,12 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     while _is_logged(run_dir, start):
         start += 1
     target = start - 1 + cfg.run.continue_for if cfg.run.continue_for else cfg.run.iterations
+    first_weights = warmup_dir(run_dir) if cfg.warmup.enabled else base
     return RunHandle(
         run_dir=str(run_dir),
         mlflow_run_id=run_id,
         base_model=str(base.resolve()),
+        start_weights=str(Path(first_weights).resolve()),
         start_iteration=start,
         iterations=target,
     )
@@ -152,20 +166,31 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
 
 def iteration_tasks(cfg: RunConfig, iteration: int) -> list[Task]:
     """The task instances of an iteration: distinct training seeds drawn from the run seed."""
-    rng = random.Random(cfg.run.seed * 1_000_003 + iteration)
+    return train_tasks(cfg, iteration, cfg.rollout.tasks_per_iteration)
+
+
+def train_tasks(cfg: RunConfig, stream: int, count: int) -> list[Task]:
+    """`count` distinct training-range tasks from seed stream `stream` (an iteration, or -1
+    for warm-up demonstrations)."""
+    rng = random.Random(cfg.run.seed * 1_000_003 + stream)
     env = cfg.env
     seeds = rng.sample(
         range(env.train_seed_start, env.train_seed_start + env.train_seed_count),
-        cfg.rollout.tasks_per_iteration,
+        min(count, env.train_seed_count),
     )
     cls = env_class(env.name)
     return [cls.make_task(seed) for seed in seeds]
 
 
 def make_loop(
-    cfg: RunConfig, engine: HFRolloutEngine, seed: int, temperature: float | None = None
+    cfg: RunConfig,
+    engine: HFRolloutEngine | None,
+    seed: int,
+    temperature: float | None = None,
+    tokenizer=None,
 ) -> AgentEnvLoop:
-    """An episode loop over `engine` for the configured env, context and sampling."""
+    """An episode loop over `engine` for the configured env, context and sampling (with no
+    engine, only solver demonstrations can run; give the `tokenizer` then)."""
     env = cfg.env
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -175,7 +200,7 @@ def make_loop(
         seed=seed,
     )
     factory = partial(make_env, env.name, env.max_steps, env.few_shot, env.kwargs, env.context)
-    flow = AgentFlow(engine.tokenizer, env.tool_prompt)
+    flow = AgentFlow(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
     return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)
 
 
@@ -193,6 +218,7 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
     loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
     meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
     steps, stats = loop.run(tasks, cfg.rollout.group_size, meta)
+    crash_point("collect", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ShardResult(
         iteration=iteration,
@@ -219,7 +245,7 @@ def _critic_columns(
         return None, None
     version = iteration - 1
     trainer = runtime.policy_trainer(
-        cfg, Path(run.run_dir), version, policy_weights(run, version), Path(run.base_model)
+        cfg, Path(run.run_dir), version, policy_weights(run, version), policy_weights(run, 0)
     )
     rows = [TrainRow(s.prompt_ids, s.response_ids, s.response_logprobs, 0.0) for s in steps]
     values = trainer.step_values(rows) if cfg.trainer.value_head else None
@@ -303,6 +329,7 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
     metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
     metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     metrics |= _episode_metrics(steps)
+    crash_point("score", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ScoreResult(
         iteration=iteration,
@@ -375,14 +402,16 @@ def update(
         return UpdateResult.model_validate_json(record.read_text())
     version = iteration - 1
     trainer = runtime.policy_trainer(
-        cfg, run_dir, version, policy_weights(run, version), Path(run.base_model)
+        cfg, run_dir, version, policy_weights(run, version), policy_weights(run, 0)
     )
     rows = train_rows(read_partition(run_dir, iteration), cfg)
     metrics = metrics_dict(trainer.update(rows, iteration))
-    trainer.save(ckpt, {"iteration": iteration, "policy_version": iteration, "metrics": metrics})
-    _write_latest(run_dir, iteration)
-    _prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
-    runtime.mark_trained(run_dir, iteration)
+    crash_point("update", iteration)
+    trainer.save(
+        ckpt,
+        {"iteration": iteration, "policy_version": iteration, "metrics": metrics},
+        on_half_written=lambda: crash_point("checkpoint", iteration),
+    )
     result = UpdateResult(
         iteration=iteration,
         policy_version=iteration,
@@ -390,7 +419,11 @@ def update(
         metrics=metrics,
         seconds=time.perf_counter() - start,
     )
+    # record first, prune last: a crash in between retrains from a checkpoint that still exists
     record.write_text(result.model_dump_json())
+    _write_latest(run_dir, iteration)
+    runtime.mark_trained(run_dir, iteration)
+    _prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
     return result
 
 

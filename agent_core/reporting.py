@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from agent_core.envs.tool_calls import CallError, parse_tool_calls
+from agent_core.faults import crash_point
 from agent_core.iteration import (
     LOGGED_MARK,
     PartitionResult,
@@ -175,6 +176,7 @@ def log_iteration(
     t = cfg.tracking
     digest = tracking.log_step_table(t, run.mlflow_run_id, iteration, Path(partition.path))
     logged = _log_browsables(cfg, run, iteration, upd)
+    crash_point("log", iteration)
     metrics = iteration_metrics(shards, scored, partition, upd)
     metrics["timing_s/log"] = time.perf_counter() - start
     tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)

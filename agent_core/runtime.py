@@ -84,8 +84,7 @@ def policy_trainer(
         rt.trainer = PolicyTrainer(
             weights, cfg.trainer, cfg.rollout.temperature, cfg.run.seed, reference
         )
-        if version > 0:
-            rt.trainer.load_state(weights)
+        rt.trainer.load_state(weights)  # optimizer state, when the folder is a checkpoint
         rt.trainer_version = version
         return rt.trainer
 

@@ -114,24 +114,49 @@ def logged_metric_steps(cfg: TrackingSection, run_id: str, key: str) -> list[int
 
 
 def log_metrics(cfg: TrackingSection, run_id: str, step: int, metrics: dict[str, float]) -> None:
-    """Log finite metrics at `step` (the iteration) in one batch."""
+    """Log finite metrics at `step` (the iteration) in one batch; keys already logged at this
+    step (before a crash) are not logged twice."""
+    client = client_for(cfg)
+    done = (
+        {
+            key
+            for key in metrics
+            if any(m.step == step for m in client.get_metric_history(run_id, key))
+        }
+        if _has_step(client, run_id, step, metrics)
+        else set()
+    )
     now = int(time.time() * 1000)
-    rows = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if v == v]
+    rows = [
+        Metric(k, float(v), now, step)
+        for k, v in sorted(metrics.items())
+        if v == v and k not in done
+    ]
     for start in range(0, len(rows), 500):
-        client_for(cfg).log_batch(run_id, metrics=rows[start : start + 500])
+        client.log_batch(run_id, metrics=rows[start : start + 500])
+
+
+def _has_step(client: MlflowClient, run_id: str, step: int, metrics: dict[str, float]) -> bool:
+    """Cheap pre-check: does the first key already have a value at `step`?"""
+    first = next(iter(sorted(metrics)), None)
+    if first is None:
+        return False
+    return any(m.step == step for m in client.get_metric_history(run_id, first))
 
 
 def log_step_table(cfg: TrackingSection, run_id: str, iteration: int, parquet: Path) -> str:
     """Log the iteration's step table as an MLflow dataset input and as an artifact.
     Returns the dataset digest."""
     client = client_for(cfg)
+    name = f"steps_iter_{iteration:04d}"
+    for existing in client.get_run(run_id).inputs.dataset_inputs:
+        if existing.dataset.name == name:  # logged before a crash: log it once
+            return existing.dataset.digest
     frame = pl.read_parquet(parquet)
     with warnings.catch_warnings():
         # a file:// source matches two equivalent local source types; MLflow picks one and warns
         warnings.filterwarnings("ignore", message="The specified dataset source")
-        dataset = mlflow.data.from_polars(
-            frame, source=parquet.resolve().as_uri(), name=f"steps_iter_{iteration:04d}"
-        )
+        dataset = mlflow.data.from_polars(frame, source=parquet.resolve().as_uri(), name=name)
     tags = [InputTag("mlflow.data.context", f"iteration_{iteration:04d}")]
     client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags)])
     client.log_artifact(run_id, str(parquet), artifact_path=f"replay/iter_{iteration:04d}")
@@ -194,6 +219,8 @@ def log_trajectory_traces(
     mlflow.set_tracking_uri(tracking_uri(cfg))
     client = client_for(cfg)
     experiment = experiment_id_of(cfg, run_id)
+    if not _clear_partial_traces(client, experiment, run_id, trajectories):
+        return len(trajectories)  # all logged before a crash
     for traj in trajectories:
         root = client.start_trace(
             name=f"trajectory {traj['trajectory_id']}",
@@ -231,6 +258,28 @@ def log_trajectory_traces(
     return len(trajectories)
 
 
+def _clear_partial_traces(
+    client: MlflowClient, experiment: str, run_id: str, trajectories: list[dict[str, Any]]
+) -> bool:
+    """Whether the iteration's traces must be logged: False when all already are; a partial
+    set (a crash mid-way) is deleted so each trajectory ends up traced exactly once."""
+    if not trajectories:
+        return False
+    iteration = trajectories[0]["iteration"]
+    existing = client.search_traces(
+        experiment_ids=[experiment],
+        run_id=run_id,
+        filter_string=f"tags.`steprl.iteration` = '{iteration}'",
+        max_results=max(100, 2 * len(trajectories)),
+        include_spans=False,
+    )
+    if len(existing) == len(trajectories):
+        return False
+    if existing:
+        client.delete_traces(experiment, trace_ids=[t.info.trace_id for t in existing])
+    return True
+
+
 def register_checkpoint(
     cfg: TrackingSection, run_id: str, artifact_path: str, name: str, iteration: int
 ) -> str:
@@ -240,6 +289,9 @@ def register_checkpoint(
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name, description="steprl policy checkpoints")
+    for existing in client.search_model_versions(f"name='{name}' and run_id='{run_id}'"):
+        if existing.tags.get("steprl.iteration") == str(iteration):
+            return str(existing.version)  # registered before a crash
     source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}"
     version = client.create_model_version(
         name, source=source, run_id=run_id, tags={"steprl.iteration": str(iteration)}

@@ -269,8 +269,9 @@ class TrainerSection(Section):
         "log-probs computed in the update. Loads a reference copy of the base model.",
     )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Per-token KL estimator of the KL loss: k1 = log ratio, k3 = "
-        "exp(-r) + r - 1 (unbiased, >= 0)."
+        "k3",
+        description="Per-token KL estimator of the KL loss: k1 = log ratio, k3 = "
+        "exp(-r) + r - 1 (unbiased, >= 0).",
     )
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Entropy bonus weight (the loss subtracts coef * entropy)."
@@ -356,8 +357,33 @@ class TrackingSection(Section):
         None, description="Registered model name; None = 'steprl-<run name>'."
     )
     plot_curve: bool = Field(
-        True, description="Log a reward/success curve PNG (plots/learning_curve.png) each iteration."
+        True,
+        description="Log a reward/success curve PNG (plots/learning_curve.png) each iteration.",
     )
+
+
+class WarmupSection(Section):
+    """Optional supervised cold start before RL: fine-tune on demonstrations first."""
+
+    enabled: bool = Field(
+        False, description="Run the warm-up once at the start of the run (before iteration 1)."
+    )
+    source: Literal["solver", "file"] = Field(
+        "solver",
+        description="'solver' = demonstrations played by the env's own solver (solve_step) on "
+        "training seeds; 'file' = a Parquet/JSONL of steps with prompt_ids and response_ids "
+        "(e.g. a run's steps.parquet; rows with success=false are skipped).",
+    )
+    path: str | None = Field(None, description="The demonstrations file when source='file'.")
+    tasks: int = Field(64, ge=1, description="Solver demonstration episodes (training seeds).")
+    epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the warm-up.")
+
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> WarmupSection:
+        if self.enabled and self.source == "file" and not self.path:
+            raise ValueError("warmup.source='file' needs warmup.path (a .parquet or .jsonl)")
+        return self
 
 
 class EvalSection(Section):
@@ -397,3 +423,6 @@ class RunConfig(Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Policy update.")
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="MLflow.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation.")
+    warmup: WarmupSection = Field(
+        default_factory=WarmupSection, description="Supervised cold start before RL."
+    )

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import serve
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from agent_core.config import load_config
 from flows.evaluate import evaluate
@@ -32,16 +36,44 @@ class Services:
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     def stop(self) -> None:
-        """Terminate every server process (then kill what does not exit)."""
+        """Terminate every server's process group (then kill what does not exit)."""
         for proc in self.processes:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 15
         for proc in self.processes:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+
+    @contextmanager
+    def prefect_client(self) -> Iterator[None]:
+        """Point this process's Prefect client at the started server. Prefect reads
+        PREFECT_API_URL once, at import: setting os.environ later reaches child processes only,
+        and the client here would silently use a temporary ephemeral API instead."""
+        with temporary_settings(updates={PREFECT_API_URL: f"{self.prefect_url}/api"}):
+            yield
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    # the whole group, even after its leader exited: `mlflow server` runs uvicorn and job
+    # workers as children that would otherwise outlive it
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def _check_port_free(host: str, port: int, name: str) -> None:
+    # a server already listening there would answer our health check in place of ours
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(
+                f"{name} port {port} on {host} is in use ({exc.strerror}): stop what listens "
+                f"there or choose another port (--{name.lower()}-port)"
+            ) from None
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, name: str, log: Path) -> None:
@@ -61,9 +93,10 @@ def _wait_healthy(url: str, proc: subprocess.Popen, name: str, log: Path) -> Non
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     # own process group: Ctrl-C in the foreground is handled by us, then the group is stopped
-    return subprocess.Popen(
-        cmd, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def start_services(
@@ -73,7 +106,10 @@ def start_services(
     state_dir: Path = Path(".steprl"),
 ) -> Services:
     """Start the Prefect server (UI + API) and the MLflow server (sqlite + local artifacts),
-    wait until both answer, and point this process at them."""
+    wait until both answer, and point this process's environment (so its child processes and
+    MLflow) at them; for this process's Prefect client use `Services.prefect_client()`."""
+    _check_port_free(host, prefect_port, "Prefect")
+    _check_port_free(host, mlflow_port, "MLflow")
     bin_dir = Path(sys.executable).parent
     env = os.environ | {
         "PREFECT_SERVER_API_HOST": host,
@@ -156,7 +192,9 @@ def serve_forever(
     if services:
         print(f"Prefect UI: {services.prefect_url}    MLflow UI: {services.mlflow_url}", flush=True)
     try:
-        serve(*build_deployments(presets, cron, interval_s, continue_for), pause_on_shutdown=False)
+        deployments = build_deployments(presets, cron, interval_s, continue_for)
+        with services.prefect_client() if services else nullcontext():
+            serve(*deployments, pause_on_shutdown=False)
     except KeyboardInterrupt:
         pass
     finally:

@@ -12,9 +12,10 @@ import os
 import sys
 
 from prefect import flow, runtime
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_core.config import ConfigError, RunConfig, load_config
+from agent_core.evaluation import EvalOutcome
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,
@@ -23,6 +24,7 @@ from tasks.iteration import (
     prepare_run,
     score_rollouts,
     update_policy,
+    warmup_policy,
     write_replay,
 )
 
@@ -34,6 +36,11 @@ class TrainSummary(BaseModel):
     mlflow_run_id: str
     iterations_run: list[int]
     last_metrics: dict[str, float]
+    held_out_success: dict[str, float] = Field(
+        default_factory=dict,
+        description="Held-out success rate by policy: 'base', 'iter_0000' (after warm-up, or "
+        "base), 'iter_000k'.",
+    )
 
 
 @flow(name="train", log_prints=True)
@@ -41,11 +48,15 @@ def train(config: RunConfig) -> TrainSummary:
     """Train the policy for `config.run.iterations` iterations (resuming a partial run)."""
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id), "steprl.run_name": config.run.name}
     run = prepare_run(config, tags)
-    done, metrics = [], {}
+    done, metrics, held_out = [], {}, {}
     every = config.eval.every
     try:
+        if every and run.start_iteration == 1 and config.warmup.enabled:
+            held_out["base"] = success(evaluate_policy(config, run, 0, before_warmup=True))
+        if config.warmup.enabled:
+            warmup_policy(config, run)  # supervised cold start: becomes policy version 0
         if every and run.start_iteration == 1:
-            evaluate_policy(config, run, 0)  # the base policy: the curve's starting point
+            held_out["iter_0000"] = success(evaluate_policy(config, run, 0))  # curve's start
         for k in range(run.start_iteration, run.iterations + 1):
             shard_futures = [
                 collect_rollouts.submit(config, run, k, shard)
@@ -58,7 +69,9 @@ def train(config: RunConfig) -> TrainSummary:
             logged = log_iteration(config, run, k, shards, scored, partition, updated)
             metrics = logged.metrics
             if every and (k % every == 0 or k == run.iterations):
-                metrics = metrics | evaluate_policy(config, run, k).metrics
+                evaluated = evaluate_policy(config, run, k)
+                metrics = metrics | evaluated.metrics
+                held_out[f"iter_{k:04d}"] = success(evaluated)
             done.append(k)
             print(
                 f"iteration {k}: reward/mean={metrics['reward/mean']:.3f} "
@@ -75,7 +88,13 @@ def train(config: RunConfig) -> TrainSummary:
         mlflow_run_id=run.mlflow_run_id,
         iterations_run=done,
         last_metrics=metrics,
+        held_out_success=held_out,
     )
+
+
+def success(outcome: EvalOutcome) -> float:
+    """The held-out success rate of an evaluation outcome."""
+    return next(v for k, v in outcome.metrics.items() if k.endswith("/success_rate"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +127,14 @@ def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
         or "sqlite:///mlflow.db"
     )
     metrics = json.dumps({k: round(v, 4) for k, v in summary.last_metrics.items()}, indent=2)
+    held_out = ""
+    if summary.held_out_success:
+        rates = ", ".join(f"{k}={v:.3f}" for k, v in summary.held_out_success.items())
+        held_out = f"  held-out success: {rates}\n"
     return (
         f"\nsteprl run '{config.run.name}' finished iterations {summary.iterations_run}\n"
         f"  last metrics: {metrics}\n"
+        f"{held_out}"
         f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
         f"  MLflow UI:       mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)\n"
         f"  replay (Arrow):  {summary.run_dir}/iter_*/steps.parquet\n"

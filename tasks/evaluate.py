@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -14,9 +12,11 @@ from configs.run_config import RunConfig
 
 
 @task(name="evaluate_policy", cache_policy=NONE)
-def evaluate_policy(config: RunConfig, run: RunHandle, version: int) -> EvalOutcome:
+def evaluate_policy(
+    config: RunConfig, run: RunHandle, version: int, before_warmup: bool = False
+) -> EvalOutcome:
     """Evaluate policy `version` of a training run; eval/* metrics go to that run."""
-    return evaluation.evaluate_in_training(config, Path(run.run_dir), run.mlflow_run_id, version)
+    return evaluation.evaluate_in_training(config, run, version, before_warmup)
 
 
 @task(name="evaluate_checkpoint", cache_policy=NONE)

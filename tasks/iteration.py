@@ -15,9 +15,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, NONE, TASK_SOURCE
 
 from agent_core import iteration as phases
-from agent_core import reporting
+from agent_core import reporting, warmup
 from agent_core.iteration import PartitionResult, RunHandle, ScoreResult, ShardResult, UpdateResult
 from agent_core.reporting import LogResult
+from agent_core.warmup import WarmupResult
 from configs.run_config import RunConfig
 
 CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
@@ -33,6 +34,12 @@ def artifact_key(run_name: str, iteration: int) -> str:
 def prepare_run(config: RunConfig, tags: dict[str, str]) -> RunHandle:
     """Model folder, run folder, MLflow run, and the iteration to start from."""
     return phases.prepare_run(config, tags)
+
+
+@task(name="warmup_policy", **CACHED)
+def warmup_policy(config: RunConfig, run: RunHandle) -> WarmupResult:
+    """Supervised cold start on demonstrations; its checkpoint is policy version 0."""
+    return warmup.warmup(config, run)
 
 
 @task(name="collect_rollouts", retries=2, retry_delay_seconds=2, **CACHED)

@@ -40,6 +40,11 @@ class AgentEnv(ABC):
         """
         return None
 
+    def solve_step(self) -> str | None:
+        """The env's own solver: a correct next reply for the current state (for warm-up
+        demonstrations), or None when the env has no solver."""
+        return None
+
     def anchor_key(self) -> str | None:
         """A hashable key of the current env state (same key = same state), or None."""
         return None

@@ -6,6 +6,7 @@ the tool. The reply is judged on its final 'Answer: <number>'.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 
@@ -45,13 +46,13 @@ EXAMPLES: list[Message] = [
     {"role": "assistant", "content": "Answer: 164"},
 ]
 
-Problem = tuple[str, int]
+Problem = tuple[str, int, str]  # text, answer, an expression that computes it
 
 
 def _orchard(r: random.Random) -> Problem:
     rows, per, cut = r.randint(11, 39), r.randint(11, 29), r.randint(10, 99)
     text = f"A farmer has {rows} rows of {per} trees. He cuts down {cut} trees. "
-    return text + "How many trees are left?", rows * per - cut
+    return text + "How many trees are left?", rows * per - cut, f"{rows} * {per} - {cut}"
 
 
 def _shop(r: random.Random) -> Problem:
@@ -59,6 +60,7 @@ def _shop(r: random.Random) -> Problem:
     return (
         f"A shop sells {bags} bags of rice each day. How many bags does it sell in {days} days?",
         bags * days,
+        f"{bags} * {days}",
     )
 
 
@@ -69,6 +71,7 @@ def _classes(r: random.Random) -> Problem:
         f"There are {total} students split equally into {classes} classes. "
         "How many students are in each class?",
         size,
+        f"{total} / {classes}",
     )
 
 
@@ -77,6 +80,7 @@ def _stickers(r: random.Random) -> Problem:
     return (
         f"Anna has {have} stickers and buys {buy} more. How many stickers does she have now?",
         have + buy,
+        f"{have} + {buy}",
     )
 
 
@@ -85,6 +89,7 @@ def _savings(r: random.Random) -> Problem:
     return (
         f"Tom has {start} dollars and spends {spend} dollars. How many dollars are left?",
         start - spend,
+        f"{start} - {spend}",
     )
 
 
@@ -94,6 +99,7 @@ def _tickets(r: random.Random) -> Problem:
         f"A museum sells tickets at {price} dollars each to {adults} adults and {kids} children. "
         "How many dollars does it collect?",
         (adults + kids) * price,
+        f"({adults} + {kids}) * {price}",
     )
 
 
@@ -103,6 +109,7 @@ def _pages(r: random.Random) -> Problem:
         f"Mia reads {per_day} pages a day for {days} days, then {extra} more pages. "
         "How many pages did she read?",
         per_day * days + extra,
+        f"{per_day} * {days} + {extra}",
     )
 
 
@@ -142,8 +149,18 @@ class CalculatorEnv(ToolEnv):
     def make_task(cls, seed: int) -> Task:
         rng = random.Random(seed)
         generator = GENERATORS[rng.randrange(len(GENERATORS))]
-        text, answer = generator(rng)
-        return Task(task_id=f"calculator-{seed}", prompt=text, answer=answer, meta={"seed": seed})
+        text, answer, expression = generator(rng)
+        meta = {"seed": seed, "expression": expression}
+        return Task(task_id=f"calculator-{seed}", prompt=text, answer=answer, meta=meta)
+
+    def solve_step(self) -> str | None:
+        """Call the calculator with the task's expression, then answer with its result."""
+        if self.task is None:
+            return None
+        if self.tool_calls_ok == 0:
+            call = {"name": "calculator", "arguments": {"expression": self.task.meta["expression"]}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
+        return f"Answer: {self.task.answer}"
 
     def is_success(self, final_text: str, task: Task) -> bool:
         return numbers_match(extract_number_answer(final_text), task.answer)

@@ -177,6 +177,13 @@ class NumberLineEnv(AgentEnv):
             f"'Move: -1' (1 to {self.MAX_MOVE} steps). {_state(self.position, self.goal)}"
         )
 
+    def solve_step(self) -> str | None:
+        """The greedy optimal move: as far as allowed towards the goal."""
+        if self.goal is None or self.position is None:
+            return None
+        delta = max(-self.MAX_MOVE, min(self.MAX_MOVE, self.goal - self.position))
+        return f"Move: {delta:+d}"
+
     def anchor_key(self) -> str | None:
         """The state the next action is taken from (goal included so keys never mix tasks)."""
         if self.position is None:

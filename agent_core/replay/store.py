@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from agent_core.faults import crash_point
 from agent_core.replay.schema import SCHEMA_VERSION, STEP_SCHEMA, check_schema
 
 STEPS_FILE = "steps.parquet"
@@ -90,6 +91,7 @@ def commit_partition(run_dir: str | Path, iteration: int, table: pa.Table) -> Pa
     with tmp.open("rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, target)
+    crash_point("replay", iteration)
     info = PartitionInfo(
         iteration, table.num_rows, target.stat().st_size, _sha256(target), str(target)
     )

@@ -76,9 +76,11 @@ class AgentEnvLoop:
         self.max_prompt_tokens = max_prompt_tokens
 
     def run(
-        self, tasks: list[Task], group_size: int, meta: RolloutMeta
+        self, tasks: list[Task], group_size: int, meta: RolloutMeta, solver: bool = False
     ) -> tuple[list[Step], RolloutStats]:
-        """Run `group_size` episodes per task to the end; return their steps in episode order."""
+        """Run `group_size` episodes per task to the end; return their steps in episode order.
+        With `solver`, replies come from each env's own solver (demonstrations) instead of
+        the engine, tokenized and recorded exactly like sampled ones."""
         stats = RolloutStats()
         episodes = [self._start(task, j, meta) for task in tasks for j in range(group_size)]
         stats.episodes = len(episodes)
@@ -87,7 +89,10 @@ class AgentEnvLoop:
         while live := [ep for ep in episodes if not ep.done]:
             params = replace(self.sampling, seed=self.sampling.seed + 7919 * turn)
             start = time.perf_counter()
-            generations = self.engine.generate([ep.prompt_ids for ep in live], params)
+            if solver:
+                generations = [self._solver_reply(ep) for ep in live]
+            else:
+                generations = self.engine.generate([ep.prompt_ids for ep in live], params)
             stats.generate_seconds += time.perf_counter() - start
             stats.generate_calls += 1
             stats.prompt_tokens += sum(len(ep.prompt_ids) for ep in live)
@@ -110,6 +115,14 @@ class AgentEnvLoop:
         obs = env.reset(task)
         group_id = f"{meta.iteration}:{task.task_id}"
         return _Episode(env, task, group_id, f"{group_id}:{index}", obs, self.flow.encode(obs))
+
+    def _solver_reply(self, ep: _Episode) -> Generation:
+        text = ep.env.solve_step()
+        if text is None:
+            raise ValueError(f"env {type(ep.env).__name__} has no solver (solve_step) for demos")
+        tokenizer = self.flow.tokenizer
+        ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+        return Generation(ids, [0.0] * len(ids), "eos")
 
     def _services(self, env: AgentEnv) -> ContextServices:
         """Token counting and text generation with this loop's tokenizer and engine, for

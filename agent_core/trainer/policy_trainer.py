@@ -82,6 +82,7 @@ class PolicyTrainer:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.reference = self._load_reference(reference_path) if reference_path else None
+        self._sft = False  # set while sft_update runs
 
     def _ds_config(self) -> dict:
         return {
@@ -134,8 +135,10 @@ class PolicyTrainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _logprobs(self, module, batch: MicroBatch, with_values: bool):
-        """Per-token log-probs [N], the logits' entropy [N] and values [S] (or None)."""
+    def _logprobs(
+        self, module, batch: MicroBatch, with_values: bool, temperature: float | None = None
+    ):
+        """Per-token log-probs [N], all log-probs [N, V] and values [S] (or None)."""
         with self._autocast():
             logits, values = module(
                 batch.input_ids,
@@ -144,7 +147,8 @@ class PolicyTrainer:
                 batch.token_pos,
                 batch.value_pos if with_values else None,
             )
-        logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        t = self.temperature if temperature is None else temperature
+        logp_all = torch.log_softmax(logits.float() / t, dim=-1)
         logp = logp_all.gather(-1, batch.targets[:, None]).squeeze(-1)
         return logp, logp_all, values
 
@@ -153,11 +157,14 @@ class PolicyTrainer:
             return self._recompute_old_logprobs(rows)
         return rows
 
-    def update(self, rows: list[TrainRow], iteration: int) -> UpdateMetrics:
-        """Run `epochs` passes over `rows`: one optimizer step per mini-batch of sequences; the
-        mini-batch gradient is the configured aggregate over all its response tokens."""
+    def update(
+        self, rows: list[TrainRow], iteration: int, epochs: int | None = None
+    ) -> UpdateMetrics:
+        """Run `epochs` (default trainer.epochs) passes over `rows`: one optimizer step per
+        mini-batch of sequences; its gradient is the configured aggregate over its tokens."""
         start = time.perf_counter()
-        rows = self._train_rows(rows)
+        epochs = self.cfg.epochs if epochs is None else epochs
+        rows = rows if self._sft else self._train_rows(rows)
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
         metrics = UpdateMetrics(
             rows=len(rows), sequences=len(sequences), packed_trajectories=packed
@@ -166,8 +173,8 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         micro_count = 0
         per_epoch = -(-len(sequences) // self.cfg.mini_batch_size)
-        progress.start("update", per_epoch * self.cfg.epochs)
-        for epoch in range(self.cfg.epochs):
+        progress.start("update", per_epoch * epochs)
+        for epoch in range(epochs):
             seed = self.seed + 1000 * iteration + epoch
             plan = plan_minibatches(
                 lengths, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed
@@ -220,6 +227,8 @@ class PolicyTrainer:
         self, batch: MicroBatch, token_count: int, step_count: int
     ) -> dict[str, float]:
         """Loss of one micro-batch, scaled so micro-batches sum to the mini-batch aggregate."""
+        if self._sft:
+            return self._sft_backward(batch, token_count)
         cfg = self.cfg
         logp, logp_all, values = self._logprobs(self.engine, batch, with_values=cfg.value_head)
         agg = {"mode": cfg.loss_agg_mode, "token_count": token_count, "seq_count": step_count}
@@ -263,6 +272,30 @@ class PolicyTrainer:
         parts["loss"] = float(loss.detach())
         parts["entropy"] = float(entropy.detach().mean())
         return parts
+
+    def _sft_backward(self, batch: MicroBatch, token_count: int) -> dict[str, float]:
+        """Supervised warm-up: mean negative log-likelihood of the response tokens (T = 1)."""
+        logp, _, _ = self._logprobs(self.engine, batch, with_values=False, temperature=1.0)
+        loss = -logp.sum() / token_count
+        if not torch.isfinite(loss):
+            raise FloatingPointError("non-finite loss")
+        self.engine.backward(loss, scale_wrt_gas=False)
+        return {"loss": float(loss.detach())}
+
+    def sft_update(self, rows: list[TrainRow], epochs: int, learning_rate: float) -> UpdateMetrics:
+        """Fine-tune on demonstration rows (response tokens only) with their own learning rate
+        and epochs, through the same engine, batching and guards as the RL update."""
+        groups = self.engine.optimizer.param_groups
+        saved = [g["lr"] for g in groups]
+        for group in groups:
+            group["lr"] = learning_rate
+        self._sft = True
+        try:
+            return self.update(rows, iteration=0, epochs=epochs)
+        finally:
+            self._sft = False
+            for group, lr in zip(groups, saved, strict=True):
+                group["lr"] = lr
 
     def _grad_norm(self) -> float | None:
         """L2 norm of the accumulated gradients before the step (ZeRO 0/1 keep full grads on
@@ -317,12 +350,15 @@ class PolicyTrainer:
             return {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
         return self.engine.module.lm.state_dict()
 
-    def save(self, checkpoint_dir: Path, metadata: dict) -> Path:
-        """Write the HF folder (+ value head, + DeepSpeed state) to `checkpoint_dir` atomically."""
+    def save(self, checkpoint_dir: Path, metadata: dict, on_half_written=None) -> Path:
+        """Write the HF folder (+ value head, + DeepSpeed state) to a temp folder, then rename
+        it to `checkpoint_dir`: a crash leaves no partial checkpoint under the final name."""
         tmp = checkpoint_dir.with_name(checkpoint_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         module: PolicyModule = self.engine.module
         module.lm.save_pretrained(tmp, state_dict=self.lm_state_dict())
+        if on_half_written is not None:
+            on_half_written()
         self.tokenizer.save_pretrained(tmp)
         module.save_value_head(tmp)
         if self.cfg.save_deepspeed_state:

@@ -1,0 +1,21 @@
+"""Fault injection for crash tests: with STEPRL_CRASH_AT="<point>:<iteration>" the process
+SIGKILLs itself when that point of that iteration is reached. Unset, it does nothing.
+
+Points: collect, score, replay (between data file and manifest), update (after the optimizer
+step, before the checkpoint), checkpoint (half-way through writing it), log (after the step
+table and traces, before the metrics).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV_VAR = "STEPRL_CRASH_AT"
+POINTS = ("collect", "score", "replay", "update", "checkpoint", "log")
+
+
+def crash_point(point: str, iteration: int) -> None:
+    """Die here (SIGKILL: no cleanup, like a power cut) when the environment asks for it."""
+    if os.environ.get(ENV_VAR) == f"{point}:{iteration}":
+        os.kill(os.getpid(), signal.SIGKILL)

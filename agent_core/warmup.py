@@ -1,0 +1,119 @@
+"""Supervised cold start: fine-tune the base model on demonstrations before RL.
+
+Demonstrations are episodes played by the env's own solver through the same loop, prompt
+construction and tokenization as RL rollouts (or steps read from a Parquet/JSONL file); the
+result is checkpoint `checkpoints/warmup`, policy version 0 of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+from pydantic import BaseModel
+
+from agent_core import runtime
+from agent_core.iteration import RunHandle, make_loop, train_tasks, warmup_dir
+from agent_core.rewards import group_trajectories
+from agent_core.rollout.loop import RolloutMeta
+from agent_core.trainer.batching import TrainRow
+from agent_core.trainer.policy_trainer import PolicyTrainer, metrics_dict
+from configs.run_config import RunConfig
+
+RECORD = "warmup.json"
+WARMUP_STREAM = -1  # seed stream of demonstration tasks, apart from every iteration's
+
+
+class WarmupResult(BaseModel):
+    """The warm-up checkpoint and what went into it."""
+
+    checkpoint: str
+    episodes: int
+    rows: int
+    demo_success_rate: float
+    metrics: dict[str, float]
+    seconds: float
+
+
+def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
+    """Demonstration steps from the env's solver on training seeds (successful episodes only).
+    Returns rows, episodes played and the solver's success rate."""
+    tasks = train_tasks(cfg, WARMUP_STREAM, cfg.warmup.tasks)
+    loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
+    steps, stats = loop.run(tasks, 1, RolloutMeta("warmup", 0, 0, cfg.env.name), solver=True)
+    trajectories = list(group_trajectories(steps).values())
+    good = [t for t in trajectories if t[-1].success]
+    rows = [
+        TrainRow(
+            s.prompt_ids,
+            s.response_ids,
+            s.response_logprobs,
+            0.0,
+            0.0,
+            0.0,
+            s.trajectory_id,
+            s.step_index,
+        )
+        for t in good
+        for s in t
+    ]
+    return rows, stats.episodes, len(good) / max(1, len(trajectories))
+
+
+def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
+    """Demonstration steps from a Parquet/JSONL file with prompt_ids and response_ids columns
+    (steprl's step schema works as is; rows whose `success` is false are skipped)."""
+    frame = pl.read_parquet(path) if path.endswith(".parquet") else pl.read_ndjson(path)
+    missing = {"prompt_ids", "response_ids"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"warmup.path={path!r} lacks columns {sorted(missing)}")
+    if "success" in frame.columns and "trajectory_id" in frame.columns:
+        good = frame.filter(pl.col("success").any().over("trajectory_id"))
+    else:
+        good = frame
+    rows = [
+        TrainRow(
+            list(r["prompt_ids"]), list(r["response_ids"]), [0.0] * len(r["response_ids"]), 0.0,
+            trajectory_id=str(r.get("trajectory_id", i)), step_index=int(r.get("step_index", 0)),
+        )
+        for i, r in enumerate(good.iter_rows(named=True))
+        if r["response_ids"]
+    ]  # fmt: skip
+    return rows, good.height, good.height / max(1, frame.height)
+
+
+def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
+    """Fine-tune the base model on demonstrations and save checkpoint `warmup` (once: a rerun
+    returns the stored result)."""
+    run_dir = Path(run.run_dir)
+    ckpt, record = warmup_dir(run_dir), run_dir / RECORD
+    if ckpt.is_dir() and record.is_file():
+        return WarmupResult.model_validate_json(record.read_text())
+    start = time.perf_counter()
+    runtime.release(run_dir)  # nothing cached may hold weights older than the warm-up
+    trainer = PolicyTrainer(run.base_model, cfg.trainer, cfg.rollout.temperature, cfg.run.seed)
+    if cfg.warmup.source == "solver":
+        rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
+    else:
+        rows, episodes, success = file_rows(cfg.warmup.path or "")
+    if not rows:
+        raise RuntimeError("warm-up found no successful demonstration to learn from")
+    metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
+    trainer.save(ckpt, {"iteration": 0, "policy_version": 0, "warmup": True, "metrics": metrics})
+    result = WarmupResult(
+        checkpoint=str(ckpt),
+        episodes=episodes,
+        rows=len(rows),
+        demo_success_rate=success,
+        metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
+    from agent_core import tracking
+
+    logged = {f"warmup/{k}": v for k, v in metrics.items() if k != "seconds"}
+    logged |= {"warmup/demo_success_rate": success, "timing_s/warmup": result.seconds}
+    tracking.log_metrics(cfg.tracking, run.mlflow_run_id, 0, logged)
+    record.write_text(json.dumps(result.model_dump(), indent=2))
+    return result
