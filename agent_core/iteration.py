@@ -204,20 +204,34 @@ def make_loop(
     return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)
 
 
+def _already_done(run: RunHandle, iteration: int, staged: Path, record: Path) -> bool:
+    """A phase's output is complete: its staging file and record exist, or the iteration's
+    partition is already committed (staging files are gone then; the record stays)."""
+    if not record.is_file():
+        return False
+    return staged.is_file() or partition_info(run.run_dir, iteration) is not None
+
+
+def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
+    """The shard's episodes with policy `iteration - 1` (deterministic for a seed): steps and
+    rollout statistics. No files are written."""
+    tasks = iteration_tasks(cfg, iteration)[shard :: cfg.rollout.num_shards]
+    version = iteration - 1
+    engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
+    loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
+    meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
+    return loop.run(tasks, cfg.rollout.group_size, meta)
+
+
 def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
     """Run this shard's share of the iteration's episodes with policy `iteration - 1` and stage
     their steps as Arrow IPC."""
     start = time.perf_counter()
     folder = iteration_dir(run.run_dir, iteration) / "rollouts"
     out, meta_file = folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
-    if out.is_file() and meta_file.is_file():
+    if _already_done(run, iteration, out, meta_file):
         return ShardResult.model_validate_json(meta_file.read_text())
-    tasks = iteration_tasks(cfg, iteration)[shard :: cfg.rollout.num_shards]
-    version = iteration - 1
-    engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
-    loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
-    meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
-    steps, stats = loop.run(tasks, cfg.rollout.group_size, meta)
+    steps, stats = run_shard(cfg, run, iteration, shard)
     crash_point("collect", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ShardResult(
@@ -316,19 +330,24 @@ def _episode_metrics(steps: list[Step]) -> dict[str, float]:
     }
 
 
+def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
+    """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
+    tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
+    terms = [(t.name, t.weight) for t in cfg.reward.terms]
+    metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
+    metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
+    return metrics | _episode_metrics(steps)
+
+
 def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
     """Apply reward functions and the advantage estimator to the staged steps."""
     start = time.perf_counter()
     folder = iteration_dir(run.run_dir, iteration)
     out, meta_file = folder / "scored.arrow", folder / "scored.json"
-    if out.is_file() and meta_file.is_file():
+    if _already_done(run, iteration, out, meta_file):
         return ScoreResult.model_validate_json(meta_file.read_text())
     steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
-    tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
-    terms = [(t.name, t.weight) for t in cfg.reward.terms]
-    metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
-    metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
-    metrics |= _episode_metrics(steps)
+    metrics = score_in_place(cfg, run, iteration, steps)
     crash_point("score", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ScoreResult(
@@ -350,8 +369,9 @@ def commit(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResu
     if info is None:
         info = commit_partition(run.run_dir, iteration, read_ipc(Path(scored.path)))
     folder = iteration_dir(run.run_dir, iteration)
-    shutil.rmtree(folder / "rollouts", ignore_errors=True)
-    Path(scored.path).unlink(missing_ok=True)
+    # staged tables go; their small records stay so reruns know the phases are done
+    for staged in [*folder.glob("rollouts/*.arrow"), Path(scored.path)]:
+        staged.unlink(missing_ok=True)
     return PartitionResult(
         iteration=iteration,
         path=info.path,

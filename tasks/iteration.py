@@ -1,18 +1,22 @@
 """Prefect tasks of a training iteration: one verb each, wiring `agent_core` phases.
 
 Tasks take and return small pydantic models (config, paths, counts, metrics), never tensors or
-tables. Results are persisted and cached by their inputs (the run handle carries the run's
-MLflow id, so a new run never hits an old cache): a retried flow run returns finished tasks'
-results instead of redoing them. Every phase is also idempotent on disk, so retries are safe.
+tables. Results are persisted and cached by the inputs that define the work (the run's folder
+and MLflow id, so a new run never hits an old cache): a retried or resumed flow run returns
+finished tasks' results instead of redoing them. Every phase is also idempotent on disk.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import INPUTS, NONE, TASK_SOURCE
+from prefect.cache_policies import NONE
+from pydantic import BaseModel
 
 from agent_core import iteration as phases
 from agent_core import reporting, warmup
@@ -21,7 +25,27 @@ from agent_core.reporting import LogResult
 from agent_core.warmup import WarmupResult
 from configs.run_config import RunConfig
 
-CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
+
+def _key_part(value: Any) -> Any:
+    if isinstance(value, RunHandle):  # the run's identity, not where this attempt started
+        return {"run_dir": value.run_dir, "mlflow_run_id": value.mlflow_run_id}
+    if isinstance(value, RunConfig):  # a rerun may ask for more iterations: same work per k
+        return value.model_dump(mode="json", exclude={"run": {"iterations", "continue_for"}})
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_key_part(v) for v in value]
+    return value
+
+
+def phase_key(context: Any, parameters: dict[str, Any]) -> str:
+    """Cache key of a phase: its name and the inputs that define its work."""
+    payload = json.dumps({k: _key_part(v) for k, v in parameters.items()}, sort_keys=True)
+    digest = hashlib.sha256(payload.encode()).hexdigest()[:32]
+    return f"steprl-{context.task.name}-{digest}"
+
+
+CACHED: dict[str, Any] = {"cache_key_fn": phase_key, "persist_result": True}
 
 
 def artifact_key(run_name: str, iteration: int) -> str:

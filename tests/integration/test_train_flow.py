@@ -13,8 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from agent_core import iteration as phases
 from agent_core.config import load_config
-from agent_core.replay import read_partition, table_to_steps
-from agent_core.replay.store import read_ipc
+from agent_core.replay import read_partition, steps_to_table, table_to_steps
 from flows.train import train
 
 pytestmark = pytest.mark.slow
@@ -71,11 +70,12 @@ def test_replay_rows_equal_the_collected_steps(trained) -> None:
         start_iteration=1,
         iterations=1,
     )
-    shard = phases.collect_shard(config, run, 1, 0)
-    collected = table_to_steps(read_ipc(Path(shard.path)))
-    scored = table_to_steps(read_ipc(Path(phases.score(config, run, 1, [shard]).path)))
+    raw, stats = phases.run_shard(config, run, 1, 0)
+    collected = table_to_steps(steps_to_table(raw))  # a copy: scoring below changes `raw`
+    phases.score_in_place(config, run, 1, raw)
+    scored = raw
     stored = table_to_steps(read_partition(summary.run_dir, 1))
-    assert len(stored) == len(collected) == shard.steps > 0
+    assert len(stored) == len(collected) == stats.steps > 0
     for mine, theirs, raw in zip(stored, scored, collected, strict=True):
         assert mine.prompt_ids == theirs.prompt_ids == raw.prompt_ids
         assert mine.response_ids == theirs.response_ids == raw.response_ids
