@@ -1,9 +1,13 @@
-"""Shared fixtures: offline Hugging Face, a tiny random model folder, one Prefect test harness."""
+"""Shared fixtures: offline Hugging Face, a tiny random model folder, one Prefect test harness,
+and real Prefect + MLflow servers for the serve / UI tests."""
 
 from __future__ import annotations
 
 import os
+import socket
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +42,45 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Served:
+    """Servers started by `flows.serve.start_services` and the temp folder they work in."""
+
+    services: Any  # flows.serve.Services (imported lazily: it pulls in torch and prefect)
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """A Prefect server and an MLflow server on free ports, for one test module. The working
+    directory (mlflow.db, mlartifacts, runs, .models) and Prefect's home are a temp folder;
+    the servers are stopped and the environment restored afterwards, even on failure."""
+    from flows.serve import start_services
+
+    root = tmp_path_factory.mktemp("served")
+    # start_services exports these for child processes; they must not leak into later tests
+    saved = {name: os.environ.get(name) for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("PREFECT_HOME", str(root / "prefect-home"))
+        services = start_services(
+            prefect_port=free_port(), mlflow_port=free_port(), state_dir=root / ".steprl"
+        )
+        try:
+            yield Served(services, root)
+        finally:
+            services.stop()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

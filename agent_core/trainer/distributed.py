@@ -5,8 +5,10 @@ Under the `deepspeed` launcher (multi-GPU, multi-node) the launcher's variables 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -36,16 +38,31 @@ def select_accelerator(accelerator: str) -> str:
     return name
 
 
+@contextlib.contextmanager
+def single_process_env() -> Iterator[None]:
+    """Rank/world variables of one local process while DeepSpeed starts an engine (it reads
+    them then), removed afterwards: a child process (a Prefect runner's flow run, a tool
+    sandbox) must not inherit the port this process's group store already listens on.
+    Variables set by a launcher (deepspeed, torchrun) are left alone."""
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    defaults["MASTER_PORT"] = str(free_port())
+    added = [key for key in defaults if key not in os.environ]
+    for key in added:
+        os.environ[key] = defaults[key]
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 def init_process_group(accelerator: str) -> None:
-    """Initialise torch.distributed once: gloo on CPU, the accelerator's backend otherwise."""
+    """Initialise torch.distributed once (inside `single_process_env` when not launched):
+    gloo on CPU, the accelerator's backend otherwise."""
     import deepspeed
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = "gloo" if accelerator == "cpu" else None
     deepspeed.init_distributed(dist_backend=backend, verbose=False)

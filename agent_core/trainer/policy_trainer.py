@@ -25,7 +25,11 @@ from agent_core.trainer.batching import (
     collate,
     plan_minibatches,
 )
-from agent_core.trainer.distributed import init_process_group, select_accelerator
+from agent_core.trainer.distributed import (
+    init_process_group,
+    select_accelerator,
+    single_process_env,
+)
 from agent_core.trainer.policy_module import PolicyModule
 from configs.run_config import TrainerSection
 
@@ -76,8 +80,9 @@ class PolicyTrainer:
         self.temperature = temperature
         self.seed = seed
         self.accelerator = select_accelerator(cfg.accelerator)
-        init_process_group(self.accelerator)
-        self.engine, self.tokenizer = self._build(Path(model_path))
+        with single_process_env():
+            init_process_group(self.accelerator)
+            self.engine, self.tokenizer = self._build(Path(model_path))
         self.device = self.engine.device
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id

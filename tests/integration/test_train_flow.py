@@ -151,14 +151,26 @@ def test_checkpoint_is_a_registered_model_version(trained) -> None:
 
 def test_prefect_markdown_artifact_links_the_mlflow_run(trained) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
 
-    _, summary, _ = trained
+    _, summary, root = trained
+    tags = (
+        MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+        .get_run(summary.mlflow_run_id)
+        .data.tags
+    )
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["steprl-smoke-iter-1"]))
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["steprl-smoke-iter-1"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[tags["prefect.flow_run_id"]]),
+            )
         )
-    assert found and summary.mlflow_run_id in found[0].data
+    assert len(found) == 1 and summary.mlflow_run_id in found[0].data
 
 
 def test_rerun_resumes_at_the_next_iteration(trained) -> None:

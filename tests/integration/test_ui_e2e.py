@@ -1,0 +1,347 @@
+"""End to end through both UIs: `steprl serve` deployments on real Prefect and MLflow servers, a
+custom `train/smoke` run submitted from the Prefect UI form in headless Chromium, then its run,
+metrics and traces checked in MLflow (API and UI). Screenshots land in test-artifacts/ui-e2e/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mlflow import MlflowClient
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)",
+    ),
+]
+
+# STACK.md's flags; playwright adds --headless and its own empty --user-data-dir
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "ui-e2e"
+RUNNER_START_S = 180  # imports torch, deepspeed, transformers on a busy 2-core box
+FLOW_RUN_S = 240  # the smoke run itself takes ~15-60 s
+UI_TIMEOUT_MS = 30_000
+RUN_NAME = f"e2e-{uuid.uuid4().hex[:8]}"  # both the Prefect flow-run name and run.name
+LEARNING_RATE = "0.002"  # a second form override that must reach the flow
+DIST_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+
+# ---------------------------------------------------------------- servers, runner, browser
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else f"(no {path})"
+
+
+def _api(served) -> str:
+    return f"{served.services.prefect_url}/api"
+
+
+def _wait_for(what: str, probe: Callable[[], Any], timeout_s: float, why: Callable[[], str]):
+    """Poll `probe` until it returns something truthy; fail naming `what` and `why()`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = probe()
+        if result:
+            return result
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}\n{why()}")
+
+
+@pytest.fixture(scope="module")
+def runner(served) -> Iterator[Path]:
+    """`steprl serve --preset smoke --no-servers` in the temp working directory: registers the
+    deployments with the Prefect server and executes their runs (MLflow from the env)."""
+    log = served.root / ".steprl" / "runner.log"
+    # in-process training tests leave torch.distributed's rendezvous in os.environ (and this
+    # process listening on MASTER_PORT): a flow run inheriting it fails with EADDRINUSE
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {
+        "PREFECT_API_URL": _api(served),
+        "MLFLOW_TRACKING_URI": served.services.mlflow_url,
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",  # pick up UI-created runs quickly (default 10 s)
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "--preset", "smoke", "--no-servers"]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=served.root, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its flow-run processes are stopped with it
+        )  # fmt: skip
+    try:
+
+        def registered() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"the runner exited with {proc.returncode}:\n{_tail(log)}")
+            response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
+            return response.status_code == 200
+
+        _wait_for("the train/smoke deployment", registered, RUNNER_START_S, lambda: _tail(log))
+        yield log
+    finally:
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+                break
+
+
+@pytest.fixture(scope="module")
+def deployment(served, runner) -> dict:
+    response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for stale in SHOTS.glob("FAILED-*.png"):  # from an earlier run
+        stale.unlink()
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A fresh page; on a failing test its last view is saved as FAILED-<test>.png."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    failed_before = request.session.testsfailed
+    yield page
+    if request.session.testsfailed > failed_before:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=SHOTS / f"FAILED-{request.node.name}.png")
+    context.close()
+
+
+# ---------------------------------------------------------------- the Prefect UI
+
+
+def _form_input(page: Page, *titles: str) -> Locator:
+    """The input of a field of Prefect's schema form, by its section path, e.g.
+    ("Rollout", "Group Size"). Fields with defaults are titled "<Title> (Optional)"."""
+    scope: Page | Locator = page
+    for title in titles:
+        label = (
+            "span[contains(@class,'schema-form-property__label') and "
+            f"(normalize-space()='{title}' or normalize-space()='{title} (Optional)')]"
+        )
+        scope = scope.locator(
+            "xpath=.//div[contains(concat(' ', normalize-space(@class), ' '), "
+            f"' schema-form-property ') and ./div[contains(@class,'p-label__header')]//{label}]"
+        ).first
+    body = scope.locator("xpath=./div[contains(@class,'p-label__body')]")
+    return body.locator("textarea, input").first
+
+
+def _open_custom_run_form(page: Page, served, deployment: dict, attempts: int = 3) -> None:
+    """Deployment page -> Run -> Custom run; retried from a fresh load (the SPA can be slow
+    to hydrate on a busy machine)."""
+    url = f"{served.services.prefect_url}/deployments/deployment/{deployment['id']}"
+    for attempt in range(1, attempts + 1):
+        try:
+            page.goto(url, wait_until="domcontentloaded")
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Custom run", exact=True).click()
+            expect(page.get_by_role("button", name="Submit", exact=True)).to_be_visible()
+            expect(_form_input(page, "Run", "Name")).to_have_value("smoke")
+            return
+        except Exception:  # playwright's errors and expect's AssertionError
+            if attempt == attempts:
+                raise
+
+
+def _flow_runs_named(served, name: str) -> list[dict]:
+    response = httpx.post(
+        f"{_api(served)}/flow_runs/filter",
+        json={"flow_runs": {"name": {"any_": [name]}}},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def test_deployment_page_shows_the_train_deployment(page: Page, served, deployment) -> None:
+    page.goto(
+        f"{served.services.prefect_url}/deployments/deployment/{deployment['id']}",
+        wait_until="domcontentloaded",
+    )
+    expect(page.get_by_role("button", name="Run", exact=True)).to_be_visible()
+    expect(page.get_by_role("link", name="train").first).to_be_visible()
+    expect(page.get_by_text("Ready", exact=True)).to_be_visible()  # a runner is polling
+    page.screenshot(path=SHOTS / "prefect-deployment.png")
+
+
+def test_ui_form_refuses_a_bad_group_size(page: Page, served, deployment) -> None:
+    _open_custom_run_form(page, served, deployment)
+    page.locator(".flow-run-name-input input").fill(f"{RUN_NAME}-refused")
+    group_size = _form_input(page, "Rollout", "Group Size")
+    expect(group_size).to_have_value("4")
+    group_size.fill("0")
+    page.get_by_role("button", name="Submit", exact=True).click()
+    # the toast (the UI may render a second, hidden copy)
+    toast = page.get_by_text("Validation failed for field 'config.rollout.group_size'").first
+    expect(toast).to_be_visible()
+    expect(toast).to_contain_text("minimum of 1")
+    group_size.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "prefect-form-refused.png")
+    assert _flow_runs_named(served, f"{RUN_NAME}-refused") == []
+
+
+def test_api_refuses_a_bad_group_size(served, deployment) -> None:
+    parameters = deployment["parameters"]
+    bad = parameters | {
+        "config": parameters["config"]
+        | {"rollout": parameters["config"]["rollout"] | {"group_size": 0}}
+    }
+    response = httpx.post(
+        f"{_api(served)}/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": bad, "name": f"{RUN_NAME}-api-refused"},
+        timeout=10,
+    )
+    assert response.status_code in (409, 422), response.text
+    assert "config.rollout.group_size" in response.text
+    assert "minimum of 1" in response.text
+
+
+@pytest.fixture(scope="module")
+def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
+    """Submit a custom run from the UI form (run.name and trainer.learning_rate overridden)
+    and wait until the runner has finished it; returns the Prefect flow run."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        _open_custom_run_form(page, served, deployment)
+        page.locator(".flow-run-name-input input").fill(RUN_NAME)
+        _form_input(page, "Run", "Name").fill(RUN_NAME)
+        _form_input(page, "Trainer", "Learning Rate").fill(LEARNING_RATE)
+        page.get_by_role("button", name="Submit", exact=True).click()
+        created = _wait_for(
+            f"the flow run '{RUN_NAME}' created from the UI",
+            lambda: _flow_runs_named(served, RUN_NAME),
+            30,
+            lambda: f"toasts: {page.locator('.p-toast-container').all_inner_texts()}",
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=SHOTS / "FAILED-ui-run-submit.png")
+        raise
+    finally:
+        context.close()
+    flow_run_id = created[0]["id"]
+
+    def finished() -> dict | None:
+        flow_run = httpx.get(f"{_api(served)}/flow_runs/{flow_run_id}", timeout=10).json()
+        state = (flow_run.get("state") or {}).get("type")
+        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
+
+    return _wait_for(
+        f"flow run {flow_run_id} to finish", finished, FLOW_RUN_S, lambda: _tail(runner)
+    )
+
+
+def test_ui_run_completes_with_the_form_values(page: Page, served, ui_run, runner) -> None:
+    assert ui_run["state"]["type"] == "COMPLETED", f"{ui_run['state']}\n{_tail(runner)}"
+    config = ui_run["parameters"]["config"]
+    assert config["run"]["name"] == RUN_NAME
+    assert config["trainer"]["learning_rate"] == float(LEARNING_RATE)
+    assert config["tracking"]["tracking_uri"] is None, "the runner's MLFLOW_TRACKING_URI decides"
+    page.goto(
+        f"{served.services.prefect_url}/runs/flow-run/{ui_run['id']}",
+        wait_until="domcontentloaded",
+    )
+    expect(page.get_by_text(RUN_NAME).first).to_be_visible()
+    expect(page.get_by_text("Completed").first).to_be_visible()
+    page.screenshot(path=SHOTS / "prefect-flow-run.png")
+
+
+# ---------------------------------------------------------------- MLflow
+
+
+@pytest.fixture(scope="module")
+def mlflow_run(served, ui_run):
+    if ui_run["state"]["type"] != "COMPLETED":
+        pytest.fail(f"the flow run submitted from the UI ended {ui_run['state']['type']}")
+    client = MlflowClient(tracking_uri=served.services.mlflow_url)
+    experiment = client.get_experiment_by_name("steprl-smoke")
+    assert experiment is not None, "no MLflow experiment 'steprl-smoke' on the server"
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string=f"attributes.run_name = '{RUN_NAME}'"
+    )
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+@pytest.fixture(scope="module")
+def mlflow_traces(mlflow_run) -> list:
+    """The run's traces; the flow-run process exports them asynchronously, so poll a while."""
+    client, run = mlflow_run
+    return _wait_for(
+        f"MLflow traces of run {run.info.run_id}",
+        lambda: client.search_traces(
+            locations=[run.info.experiment_id], run_id=run.info.run_id, max_results=100
+        ),
+        60,
+        lambda: "search_traces found none",
+    )
+
+
+def test_mlflow_run_holds_metrics_params_and_traces(ui_run, mlflow_run, mlflow_traces) -> None:
+    client, run = mlflow_run
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["prefect.flow_run_id"] == ui_run["id"]
+    assert run.data.params["trainer.learning_rate"] == LEARNING_RATE
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [m.step for m in history] == [1]
+    for key in ("success_rate", "actor/policy_loss", "episode/steps_mean"):
+        assert key in run.data.metrics, key
+    for trace in mlflow_traces:
+        names = [span.name for span in trace.data.spans]
+        assert any(name.startswith("trajectory ") for name in names), names
+        assert any(name.startswith("step ") for name in names), names
+
+
+def test_mlflow_ui_shows_the_run_reward_and_traces(
+    page: Page, served, mlflow_run, mlflow_traces
+) -> None:
+    _, run = mlflow_run
+    page.goto(
+        f"{served.services.mlflow_url}/#/experiments/{run.info.experiment_id}"
+        f"/runs/{run.info.run_id}",
+        wait_until="domcontentloaded",  # the MLflow UI keeps polling: never network-idle
+    )
+    expect(page.get_by_role("heading", name=RUN_NAME)).to_be_visible(timeout=60_000)
+    page.get_by_placeholder("Search metrics").fill("reward/mean")
+    link = page.get_by_role("link", name="reward/mean", exact=True)
+    row = page.get_by_role("row").filter(has=link)
+    expect(row).to_have_count(1)
+    shown = float(row.get_by_role("cell").nth(1).inner_text())
+    assert shown == pytest.approx(run.data.metrics["reward/mean"], rel=1e-6)
+    page.screenshot(path=SHOTS / "mlflow-run.png")
+
+    page.get_by_role("tab", name="Traces").click()
+    for trace in mlflow_traces:
+        expect(page.get_by_text(trace.info.trace_id, exact=True)).to_be_visible()
+    page.screenshot(path=SHOTS / "mlflow-traces.png")
