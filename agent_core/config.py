@@ -96,10 +96,15 @@ def check_names(config: RunConfig) -> None:
     from agent_core.envs import env_class
     from agent_core.registry import UnknownNameError, resolve
     from agent_core.rewards import reward_fn
+    from agent_core.tools import tool_class
 
     checks = [
         ("env.name", lambda: env_class(config.env.name)),
         ("env.context", lambda: make_context_policy(config.env.context)),
+        ("model.path", lambda: _check_model_folder(config)),
+    ]
+    checks += [
+        (f"env.tools.{i}", lambda n=n: tool_class(n)) for i, n in enumerate(config.env.tools)
     ]
     checks += [
         (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n))
@@ -122,6 +127,19 @@ def check_names(config: RunConfig) -> None:
             problems.append(f"  {field}: {exc}")
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _check_model_folder(config: RunConfig) -> None:
+    """A 'folder' model must exist now; the generated sources are created at run start."""
+    from agent_core.models import is_model_folder
+
+    model = config.model
+    if model.source == "folder" and not is_model_folder(model.path):
+        raise ValueError(
+            f"{model.path!r} is not a Hugging Face model folder (config.json + weights): point "
+            "model.path at one, or set model.source to 'smollm2-gguf' (run `make setup-model`) "
+            "or 'tiny-random'"
+        )
 
 
 def _estimator_needs(config: RunConfig) -> str | None:

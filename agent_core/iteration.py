@@ -8,6 +8,7 @@ rerun of a crashed iteration resumes where it stopped. `tasks/` wraps each one a
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import time
@@ -30,11 +31,13 @@ from agent_core.records import Step, Task
 from agent_core.registry import resolve
 from agent_core.replay.schema import steps_to_table, table_to_steps
 from agent_core.replay.store import (
+    CorruptPartitionError,
     commit_partition,
     iteration_dir,
     partition_info,
     read_ipc,
     read_partition,
+    verify_partition,
     write_ipc,
 )
 from agent_core.rewards import group_trajectories, score_steps
@@ -45,6 +48,7 @@ from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from configs.run_config import RunConfig
 
+log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 LOGGED_MARK = "logged.json"
@@ -138,6 +142,34 @@ def _is_logged(run_dir: Path, iteration: int) -> bool:
     return (iteration_dir(run_dir, iteration) / LOGGED_MARK).is_file()
 
 
+def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
+    """Check what an unfinished iteration left on disk; remove every corrupt file and what was
+    derived from it, so the phases redo that work instead of reading it. Returns one message
+    per corrupt file, naming it."""
+    folder = iteration_dir(run_dir, iteration)
+    problems: list[str] = []
+    try:
+        if partition_info(run_dir, iteration) is not None:
+            verify_partition(run_dir, iteration)
+    except CorruptPartitionError as exc:
+        problems.append(str(exc))
+        # the committed data is unusable and its staging is gone: redo the whole iteration
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(checkpoint_dir(run_dir, iteration), ignore_errors=True)
+        return problems
+    for staged in sorted(folder.glob("rollouts/*.arrow")) + sorted(folder.glob("scored.arrow")):
+        if not staged.exists():
+            continue  # removed above as derived from a corrupt shard
+        try:
+            read_ipc(staged)
+        except CorruptPartitionError as exc:
+            problems.append(str(exc))
+            for derived in [staged, staged.with_suffix(".json"), folder / "scored.arrow",
+                            folder / "scored.json"]:  # fmt: skip
+                derived.unlink(missing_ok=True)
+    return problems
+
+
 def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     """Make the model folder exist, create or reopen the run folder and its MLflow run, and
     find the first iteration not yet complete."""
@@ -152,6 +184,8 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     start = 1
     while _is_logged(run_dir, start):
         start += 1
+    for problem in repair_iteration(run_dir, start):
+        log.warning("redoing work of iteration %d: %s", start, problem)
     target = start - 1 + cfg.run.continue_for if cfg.run.continue_for else cfg.run.iterations
     first_weights = warmup_dir(run_dir) if cfg.warmup.enabled else base
     return RunHandle(
@@ -199,7 +233,9 @@ def make_loop(
         stop_strings=env_class(env.name).stop_strings,
         seed=seed,
     )
-    factory = partial(make_env, env.name, env.max_steps, env.few_shot, env.kwargs, env.context)
+    factory = partial(
+        make_env, env.name, env.max_steps, env.few_shot, env.kwargs, env.context, env.tools
+    )
     flow = AgentFlow(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
     return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)
 

@@ -100,6 +100,11 @@ class EnvSection(Section):
         "<tools></tools> (or the chat template's own tools support); 'compact' = one line per "
         "tool; 'none' = not at all (the env's prompt and examples show the tools).",
     )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Extra tools for a tool-using env, by name from agent_core.tools.TOOLS "
+        "(e.g. 'python', the sandboxed interpreter) or 'package.module:Class'.",
+    )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for the env's constructor (env-specific).",
@@ -410,7 +415,7 @@ class EvalSection(Section):
 
 
 class RunConfig(Section):
-    """Everything one training run needs, in sections."""
+    """Everything one training run needs, in sections (cross-section rules checked below)."""
 
     run: RunSection = Field(default_factory=RunSection, description="Run identity and length.")
     model: ModelSection = Field(default_factory=ModelSection, description="Policy model.")
@@ -426,3 +431,18 @@ class RunConfig(Section):
     warmup: WarmupSection = Field(
         default_factory=WarmupSection, description="Supervised cold start before RL."
     )
+
+    @model_validator(mode="after")
+    def _sizes_fit(self) -> RunConfig:
+        if self.rollout.tasks_per_iteration > self.env.train_seed_count:
+            raise ValueError(
+                f"rollout.tasks_per_iteration={self.rollout.tasks_per_iteration} distinct tasks "
+                f"cannot come from env.train_seed_count={self.env.train_seed_count} seeds: "
+                "lower tasks_per_iteration or widen the training seed range"
+            )
+        if self.eval.episodes > self.env.eval_seed_count:
+            raise ValueError(
+                f"eval.episodes={self.eval.episodes} exceeds env.eval_seed_count="
+                f"{self.env.eval_seed_count}: lower eval.episodes or widen the held-out range"
+            )
+        return self

@@ -11,6 +11,7 @@ from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.numberline import NumberLineEnv
 from agent_core.envs.tool_env import ToolEnv
 from agent_core.registry import resolve
+from agent_core.tools import tool_class
 
 ENVS: dict[str, type[AgentEnv]] = {
     CalculatorEnv.name: CalculatorEnv,
@@ -32,8 +33,10 @@ def make_env(
     few_shot: bool,
     kwargs: dict[str, Any],
     context: str | dict[str, Any] = "full",
+    tools: list[str] | None = None,
 ) -> AgentEnv:
-    """Build one env instance from config values (a fresh context policy per episode)."""
+    """Build one env instance from config values (a fresh context policy per episode; extra
+    tools for tool-using envs)."""
     cls = env_class(name)
     options = dict(kwargs)
     accepted = inspect.signature(cls).parameters
@@ -43,7 +46,12 @@ def make_env(
         raise ValueError(f"env {name!r} takes no context policy; leave env.context at 'full'")
     if "few_shot" in accepted:
         options.setdefault("few_shot", few_shot)
-    return cls(max_steps=max_steps, **options)
+    env = cls(max_steps=max_steps, **options)
+    if tools:
+        if not isinstance(env, ToolEnv):
+            raise ValueError(f"env {name!r} does not use tools; leave env.tools empty")
+        env.add_tools([tool_class(t)() for t in tools])
+    return env
 
 
 __all__ = [

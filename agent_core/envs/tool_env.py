@@ -48,6 +48,11 @@ class ToolEnv(AgentEnv):
         self.tool_calls_ok = 0
         self.tool_calls_failed = 0
 
+    def add_tools(self, tools: list[BaseTool]) -> None:
+        """Offer more tools (their schemas enter the prompt; calls to them are run)."""
+        for tool in tools:
+            self.tools[tool.name] = tool
+
     def bind_services(self, services: ContextServices) -> None:
         self.context.bind(services)
 

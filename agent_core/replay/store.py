@@ -75,9 +75,15 @@ def write_ipc(table: pa.Table, path: Path) -> Path:
 
 
 def read_ipc(path: Path) -> pa.Table:
-    """Read a staging table written by `write_ipc`."""
-    with pa.memory_map(str(path)) as source:
-        return ipc.open_file(source).read_all()
+    """Read a staging table written by `write_ipc`; a damaged file raises
+    CorruptPartitionError naming it."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            table = ipc.open_file(source).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptPartitionError(f"{path} is not a readable Arrow file ({exc})") from exc
+    check_schema(table, str(path))
+    return table
 
 
 def commit_partition(run_dir: str | Path, iteration: int, table: pa.Table) -> PartitionInfo:
@@ -104,7 +110,10 @@ def partition_info(run_dir: str | Path, iteration: int) -> PartitionInfo | None:
     manifest = iteration_dir(run_dir, iteration) / MANIFEST_FILE
     if not manifest.is_file():
         return None
-    return PartitionInfo(**json.loads(manifest.read_text()))
+    try:
+        return PartitionInfo(**json.loads(manifest.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise CorruptPartitionError(f"{manifest} is not a valid manifest ({exc})") from exc
 
 
 def verify_partition(run_dir: str | Path, iteration: int) -> PartitionInfo:

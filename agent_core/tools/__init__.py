@@ -1,5 +1,6 @@
 """Tools the model can call, by name: an explicit name -> class dict users may extend."""
 
+from agent_core.registry import resolve
 from agent_core.tools.base import BaseTool, ToolError, ToolResult
 from agent_core.tools.calculator import CalculatorTool
 from agent_core.tools.python_sandbox import PythonTool
@@ -9,4 +10,21 @@ TOOLS: dict[str, type[BaseTool]] = {
     PythonTool.name: PythonTool,
 }
 
-__all__ = ["TOOLS", "BaseTool", "CalculatorTool", "PythonTool", "ToolError", "ToolResult"]
+
+def tool_class(name: str) -> type[BaseTool]:
+    """The tool class for a configured name ('python' or 'package.module:Class')."""
+    cls = resolve("tool", name, TOOLS)
+    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+        raise TypeError(f"tool {name!r} resolves to {cls!r}, which is not a BaseTool subclass")
+    return cls
+
+
+__all__ = [
+    "TOOLS",
+    "BaseTool",
+    "CalculatorTool",
+    "PythonTool",
+    "ToolError",
+    "ToolResult",
+    "tool_class",
+]

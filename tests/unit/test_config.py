@@ -60,6 +60,24 @@ def test_overrides_are_typed() -> None:
         (["env.name=nosuchmodule:Env"], "cannot import 'nosuchmodule'"),
         (["rollout.dtype=float8"], "rollout.dtype: Input should be 'float32' or 'bfloat16'"),
         (["oops"], "must look like section.key=value"),
+        (
+            ["model.source=folder", "model.path=/nowhere/model"],
+            "model.path: '/nowhere/model' is not a Hugging Face model folder",
+        ),
+        (
+            ["env.tools=[browser]"],
+            "env.tools.0: unknown tool 'browser': choose one of calculator, python",
+        ),
+        (["algorithm.estimator=gae"], "needs a value head: set trainer.value_head=true"),
+        (["algorithm.estimator=gigpo"], "needs anchor states"),
+        (
+            ["env.train_seed_count=3", "rollout.tasks_per_iteration=4"],
+            "cannot come from env.train_seed_count=3",
+        ),
+        (["eval.episodes=5000"], "exceeds env.eval_seed_count=1000"),
+        (["trainer.clip_ratio_c=0.5"], "trainer.clip_ratio_c: Input should be greater than 1"),
+        (["warmup.enabled=true", "warmup.source=file"], "warmup.source='file' needs warmup.path"),
+        (["env.context={name: window, last_turns: 0}"], "env.context:"),
     ],
 )
 def test_bad_config_names_field_and_fix(overrides: list[str], message: str) -> None:

@@ -136,3 +136,10 @@ def test_answer_extraction_is_linear_time() -> None:
     assert extract_number_answer("Answer: $ 1,234") == 1234.0
     assert extract_number_answer("Answer: -3.5 then Answer: 7") == 7.0
     assert extract_number_answer("Answer:" + " " * 40_000) is None  # was ~38 s with backtracking
+
+
+def test_config_can_add_the_python_tool() -> None:
+    from agent_core.envs import make_env
+
+    env = make_env("calculator", max_steps=2, few_shot=False, kwargs={}, tools=["python"])
+    assert set(env.tools) == {"calculator", "python"}
