@@ -32,3 +32,13 @@ def resolve(kind: str, name: str, table: Mapping[str, Any]) -> Any:
     raise UnknownNameError(
         f"unknown {kind} {name!r}: choose one of {choices}, or give 'package.module:attribute'"
     )
+
+
+def resolve_subclass(kind: str, name: str, table: Mapping[str, Any], base: type) -> type:
+    """`resolve`, and check the result is a subclass of `base` (a clear TypeError otherwise)."""
+    cls = resolve(kind, name, table)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(
+            f"{kind} {name!r} resolves to {cls!r}, which is not a {base.__name__} subclass"
+        )
+    return cls

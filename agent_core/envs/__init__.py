@@ -10,7 +10,7 @@ from agent_core.envs.base import AgentEnv
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.numberline import NumberLineEnv
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.registry import resolve
+from agent_core.registry import resolve_subclass
 from agent_core.tools import tool_class
 
 ENVS: dict[str, type[AgentEnv]] = {
@@ -21,10 +21,7 @@ ENVS: dict[str, type[AgentEnv]] = {
 
 def env_class(name: str) -> type[AgentEnv]:
     """The env class for a configured name ('calculator' or 'package.module:Class')."""
-    cls = resolve("env", name, ENVS)
-    if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):
-        raise TypeError(f"env {name!r} resolves to {cls!r}, which is not an AgentEnv subclass")
-    return cls
+    return resolve_subclass("env", name, ENVS, AgentEnv)
 
 
 def make_env(

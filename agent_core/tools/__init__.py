@@ -1,6 +1,6 @@
 """Tools the model can call, by name: an explicit name -> class dict users may extend."""
 
-from agent_core.registry import resolve
+from agent_core.registry import resolve_subclass
 from agent_core.tools.base import BaseTool, ToolError, ToolResult
 from agent_core.tools.calculator import CalculatorTool
 from agent_core.tools.python_sandbox import PythonTool
@@ -13,10 +13,7 @@ TOOLS: dict[str, type[BaseTool]] = {
 
 def tool_class(name: str) -> type[BaseTool]:
     """The tool class for a configured name ('python' or 'package.module:Class')."""
-    cls = resolve("tool", name, TOOLS)
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"tool {name!r} resolves to {cls!r}, which is not a BaseTool subclass")
-    return cls
+    return resolve_subclass("tool", name, TOOLS, BaseTool)
 
 
 __all__ = [
