@@ -192,7 +192,7 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     from agent_core import tracking
     from agent_core.config import flatten
     from agent_core.iteration import run_dir_of
-    from agent_core.runtime import wants_cuda
+    from agent_core.runtime import new_engine
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)
@@ -210,8 +210,7 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
         cfg.tracking, f"eval-{cfg.run.name}-{label}", params, all_tags
     )
     try:
-        device = "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu"
-        engine = HFRolloutEngine(folder, cfg.rollout.dtype, device, cfg.rollout.threads)
+        engine = new_engine(cfg, folder)
         outcome = evaluate_policy(
             cfg, engine, version, str(folder), run_dir / "evaluations" / label
         )

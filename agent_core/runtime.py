@@ -49,6 +49,19 @@ def wants_cuda(accelerator: str) -> bool:
     return accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
 
 
+def new_engine(cfg: RunConfig, weights: Path) -> HFRolloutEngine:
+    """A rollout engine for `weights` with the run's rollout settings."""
+    return HFRolloutEngine(
+        weights,
+        cfg.rollout.dtype,
+        "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu",
+        cfg.rollout.threads,
+        fused=cfg.rollout.fused_forward,
+        share_prefix=cfg.rollout.share_prompt_prefix,
+        pack_weights=cfg.rollout.pack_weights,
+    )
+
+
 def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -> HFRolloutEngine:
     """An engine holding policy `version`: the cached one, synced from a live trainer, or loaded
     from the `weights` folder."""
@@ -59,8 +72,7 @@ def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -
         if rt.engine is not None and rt.trainer is not None and rt.trainer_version == version:
             rt.engine.load_weights(rt.trainer.lm_state_dict(), version)
             return rt.engine
-        device = "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu"
-        rt.engine = HFRolloutEngine(weights, cfg.rollout.dtype, device, cfg.rollout.threads)
+        rt.engine = new_engine(cfg, weights)
         rt.engine.policy_version = version
         return rt.engine
 

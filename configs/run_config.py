@@ -168,6 +168,25 @@ class RolloutSection(Section):
     threads: int = Field(
         0, ge=0, description="torch CPU threads for rollouts; 0 = leave torch's default."
     )
+    fused_forward: bool = Field(
+        True,
+        description="Run Llama-family models (llama, qwen2) through the engine's fused forward "
+        "(fused and pre-packed GEMMs, preallocated KV cache); other models always use HF's "
+        "forward. False = HF's forward with a DynamicCache for every model (slower; for "
+        "debugging).",
+    )
+    share_prompt_prefix: bool = Field(
+        True,
+        description="Fused forward only: prefill the prompt prefix shared by a whole batch "
+        "(system prompt, few-shot examples) once and attend to it once for all rows. Same "
+        "outputs up to float rounding.",
+    )
+    pack_weights: bool = Field(
+        True,
+        description="Fused forward on CPU only: reorder weights once into oneDNN (bf16) / MKL "
+        "(fp32) blocked layouts instead of on every matmul. Costs one extra copy of the "
+        "weights in memory.",
+    )
 
 
 class RewardTerm(Section):

@@ -114,16 +114,23 @@ class PolicyTrainer:
             lm.gradient_checkpointing_enable()
         module = PolicyModule(lm, value_head=self.cfg.value_head)
         module.load_value_head(model_path)
-        # A client torch AdamW avoids compiling DeepSpeed's Adam ops on CPU.
+        # A client torch AdamW avoids compiling DeepSpeed's Adam ops on CPU. Its fused kernel
+        # makes one pass over weights, grads and moments (the per-parameter loop makes ~6): a
+        # 135M-parameter step took 1.5 s instead of 15 s on a 2-core CPU (bench/update.py).
         optimizer = torch.optim.AdamW(
             module.parameters(),
             lr=self.cfg.learning_rate,
             betas=self.cfg.betas,
             weight_decay=self.cfg.weight_decay,
+            fused=True,
         )
         engine, *_ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=self._ds_config()
         )
+        if self.cfg.zero_stage == 0 and torch.distributed.get_world_size() == 1:
+            # One process has nothing to average: skip DeepSpeed's flatten + all-reduce + copy
+            # back of every gradient at each step (0.66 s per 135M-parameter step on 1 CPU core).
+            engine.enable_backward_allreduce = False
         engine.train()
         return engine, tokenizer
 

@@ -1,0 +1,349 @@
+"""Rollout throughput on this CPU: steprl's HFRolloutEngine vs a naive per-episode HF
+`model.generate` loop vs the matmul roofline, on the default SmolLM2-135M-Instruct folder.
+
+Episodes are calculator-env first observations (chat template + few-shot examples, ~230
+tokens), 4 episodes per task as in a GRPO group; 64 new tokens, T = 1. Prints machine facts
+(with the measured 2048^2 matmul GFLOP/s), 1 vs 2 torch threads, generated tokens/s at batch
+1/8/32/64 in fp32 and bf16 (wall clock and per CPU-second), the naive loop, the roofline
+(matmul FLOP/s / model FLOPs per token), ratios, what each engine feature buys, and how far
+bf16 rollout log-probs are from fp32 ones. All in one process, after a warm-up; the engine
+rows are single runs, the thread and matmul figures best of a few. On a shared box timings
+are noisy (the load average is printed); tok/cpu-s is the steadier figure. No asserts.
+Run from the repo root: .venv/bin/python bench/rollout.py  (about 5 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from agent_core.agent_flow import AgentFlow
+from agent_core.envs.calculator import CalculatorEnv
+from agent_core.rollout.engine import SamplingParams
+from agent_core.rollout.hf_engine import HFRolloutEngine, sample_tokens
+
+MODEL = Path(".models/SmolLM2-135M-Instruct")
+NEW_TOKENS = 64
+GROUP = 4
+BATCHES = (1, 8, 32, 64)
+NAIVE_EPISODES = 2
+PARAMS = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0)
+
+
+@dataclass
+class Timing:
+    """One measured generate call."""
+
+    tokens: int
+    wall: float
+    cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.wall
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.tokens / self.cpu
+
+
+def machine_facts() -> None:
+    cpu = platform.processor() or "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    flags = Path("/proc/cpuinfo").read_text()
+    isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    print(f"cpu: {cpu}; {os.cpu_count()} cores; {', '.join(isa)}")
+    print(
+        f"torch {torch.__version__}: default threads {torch.get_num_threads()}, interop "
+        f"{torch.get_num_interop_threads()}; load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+def matmul_gflops(dtype: torch.dtype, threads: int, size: int = 2048, reps: int = 5) -> float:
+    """Best-of-`reps` dense [size, size] @ [size, size] GFLOP/s with `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(before)
+    return 2 * size**3 / best / 1e9
+
+
+def flops_per_token(config, context: float) -> float:
+    """2 x matmul parameters (q, k, v, o, MLP per layer, the LM head) + attention scores and
+    values over `context` positions (4 x layers x heads x head_dim x context)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q_out = config.num_attention_heads * head_dim
+    kv_out = config.num_key_value_heads * head_dim
+    per_layer = (
+        hidden * (q_out + 2 * kv_out) + q_out * hidden + 3 * hidden * config.intermediate_size
+    )
+    matmul = layers * per_layer + hidden * config.vocab_size
+    return 2 * matmul + 4 * layers * q_out * context
+
+
+def episodes(tokenizer, batch: int) -> list[list[int]]:
+    """`batch` first-turn prompts: batch / GROUP calculator tasks, GROUP episodes each."""
+    flow = AgentFlow(tokenizer, "none")
+    tasks = max(1, batch // GROUP)
+    prompts = [flow.encode(CalculatorEnv().reset(CalculatorEnv.make_task(i))) for i in range(tasks)]
+    return [prompts[i * tasks // batch] for i in range(batch)]
+
+
+def timed(engine: HFRolloutEngine, prompts: list[list[int]], params=PARAMS, reps: int = 1):
+    """Best of `reps` generate calls (by wall clock) and its generations."""
+    best, gens = None, None
+    for _ in range(reps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        gens = engine.generate(prompts, params)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        timing = Timing(sum(len(g.token_ids) for g in gens), wall, cpu)
+        if best is None or timing.wall < best.wall:
+            best = timing
+    return best, gens
+
+
+def naive(dtype: str, prompts: list[list[int]], pad: int) -> Timing:
+    """A freshly loaded HF model, `model.generate` once per episode (batch 1), same sampling
+    and token budget (at the process's thread count)."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=getattr(torch, dtype)).eval()
+    tokens, wall, cpu = 0, time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=pad,
+            )
+            tokens += out.shape[1] - ids.shape[1]
+    return Timing(tokens, time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def thread_choice() -> int:
+    """Engine tokens/s with 1 and 2 intra-op threads (alternating, best of 2, bf16, batch 8)."""
+    print("\n== threads (bf16 engine, batch 8, 8 new tokens, alternating, best of 2)")
+    engines = {n: HFRolloutEngine(MODEL, "bfloat16", threads=n) for n in (1, 2)}
+    prompts = episodes(engines[1].tokenizer, 8)
+    params = SamplingParams(max_new_tokens=8, seed=0)
+    best = {n: 0.0 for n in engines}
+    for _ in range(2):
+        for n, engine in engines.items():
+            best[n] = max(best[n], timed(engine, prompts, params)[0].rate)
+    for n in engines:
+        print(f"  threads={n}: {best[n]:7.1f} tok/s")
+    chosen = max(best, key=best.get)
+    torch.set_num_threads(chosen)  # for everything else in this process too
+    print(
+        f"  -> using {chosen} thread(s) below (a busy box punishes 2: every op waits at an "
+        "OpenMP barrier for a descheduled thread)"
+    )
+    return chosen
+
+
+def engine_table(threads: int) -> dict[str, dict]:
+    print(f"\n== steprl engine, {NEW_TOKENS} new tokens, T=1, threads={threads}")
+    print("  dtype     batch  prompt  gen-tok   wall-s  tok/s  tok/cpu-s")
+    results: dict[str, dict] = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = HFRolloutEngine(MODEL, dtype, threads=threads)
+        timed(engine, episodes(engine.tokenizer, 2), SamplingParams(max_new_tokens=4))  # warm up
+        rows = {}
+        for batch in BATCHES:
+            prompts = episodes(engine.tokenizer, batch)
+            timing, gens = timed(engine, prompts)
+            rows[batch] = (timing, prompts, gens)
+            mean_prompt = sum(map(len, prompts)) / len(prompts)
+            print(
+                f"  {dtype:9} {batch:5d}  {mean_prompt:6.0f}  {timing.tokens:7d}  "
+                f"{timing.wall:7.2f}  {timing.rate:5.0f}  {timing.cpu_rate:9.0f}"
+            )
+        results[dtype] = {"engine": engine, "rows": rows}
+    return results
+
+
+def ablations(threads: int) -> None:
+    """What each engine feature buys: bf16, batch 32, one feature off at a time; the variants
+    alternate, best of 2 by CPU time (steadier than wall clock on a shared box)."""
+    print("\n== ablations (bf16, batch 32, 32 new tokens, one feature off at a time, best of 2)")
+    variants = {
+        "all on": {},
+        "no prefix sharing": {"share_prefix": False},
+        "no weight pre-packing": {"pack_weights": False},
+        "HF forward + DynamicCache": {"fused": False},
+    }
+    engines = {
+        name: HFRolloutEngine(MODEL, "bfloat16", threads=threads, **kwargs)
+        for name, kwargs in variants.items()
+    }
+    prompts = episodes(engines["all on"].tokenizer, 32)
+    params = SamplingParams(max_new_tokens=32, seed=0)
+    best: dict[str, Timing] = {}
+    for _ in range(2):
+        for name, engine in engines.items():
+            timing, _ = timed(engine, prompts, params)
+            if name not in best or timing.cpu_rate > best[name].cpu_rate:
+                best[name] = timing
+    base = best["all on"].cpu_rate
+    for name, timing in best.items():
+        print(
+            f"  {name:27} {timing.cpu_rate:6.0f} tok/cpu-s ({timing.rate:4.0f} tok/s wall)  "
+            f"{timing.cpu_rate / base:4.2f}x of all on"
+        )
+    logits = torch.randn(64, 49152) * 3
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        old = _best(lambda: torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        new = _best(lambda: sample_tokens(logits, 1.0, 1.0, generator))
+    print(
+        f"  sampling 64 x 49152: torch.multinomial {old * 1e3:.1f} ms, "
+        f"inverse-CDF sampler {new * 1e3:.1f} ms per decoding step"
+    )
+
+
+def _best(fn, reps: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def logprob_gap(results: dict[str, dict]) -> None:
+    """bf16 rollout log-probs vs fp32 teacher-forced ones on the same sampled sequences."""
+    print("\n== bf16 vs fp32 log-probs (bf16 engine's batch-32 samples, teacher-forced in fp32)")
+    fp32_model = results["float32"]["engine"].model
+    bf16_model = results["bfloat16"]["engine"].model
+    _, prompts, gens = results["bfloat16"]["rows"][32]
+    gaps, gaps_bf16_trainer, gaps_fp32_engine = [], [], []
+    with torch.inference_mode():
+        for prompt, gen in zip(prompts[:16], gens[:16], strict=True):
+            ids = torch.tensor([prompt + gen.token_ids])
+            fp32 = _teacher_forced(fp32_model, ids, len(prompt))
+            bf16 = _teacher_forced(bf16_model, ids, len(prompt))
+            gaps.append((fp32 - torch.tensor(gen.logprobs)).abs())
+            gaps_bf16_trainer.append((bf16 - torch.tensor(gen.logprobs)).abs())
+        _, prompts, gens = results["float32"]["rows"][32]
+        for prompt, gen in zip(prompts[:16], gens[:16], strict=True):
+            ids = torch.tensor([prompt + gen.token_ids])
+            fp32 = _teacher_forced(fp32_model, ids, len(prompt))
+            gaps_fp32_engine.append((fp32 - torch.tensor(gen.logprobs)).abs())
+    for name, parts in (
+        ("bf16 engine vs fp32 forward (trainer fp32)", gaps),
+        ("bf16 engine vs HF bf16 forward (trainer bf16)", gaps_bf16_trainer),
+        ("fp32 engine vs fp32 forward", gaps_fp32_engine),
+    ):
+        d = torch.cat(parts)
+        print(
+            f"  {name:46} mean |dlogp| {d.mean():.2e}  p99 {d.quantile(0.99):.2e}  "
+            f"max {d.max():.2e}  ({len(d)} tokens)"
+        )
+
+
+def _teacher_forced(model, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[0, prompt_len - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, prompt_len:, None]).squeeze(-1)
+
+
+def read_bandwidth_gbs(mib: int = 512, reps: int = 3) -> float:
+    """Best-of-`reps` streaming-read GB/s (a sum over a `mib` MiB float32 tensor)."""
+    x = torch.ones(mib * 2**18)
+    return x.numel() * 4 / _best(x.sum, reps) / 1e9
+
+
+def bytes_per_step(config, dtype_bytes: int, batch: int, own: float, shared: float) -> float:
+    """Bytes a decoding step must read: every weight matrix once (embedding rows aside) plus
+    the KV cache, the shared prefix once and each row's own part once per row."""
+    params = flops_per_token(config, 0) / 2
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_per_slot = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
+    return dtype_bytes * (params + kv_per_slot * (shared + batch * own))
+
+
+def roofline_report(results: dict[str, dict], threads: int) -> None:
+    """Engine vs naive loop vs the compute roofline (matmul FLOP/s / FLOPs per token) and the
+    bandwidth roofline (read GB/s / bytes per decoding step x batch)."""
+    config = results["float32"]["engine"].model.config
+    prompts32 = results["float32"]["rows"][32][1]
+    context = sum(map(len, prompts32)) / len(prompts32) + NEW_TOKENS / 2
+    per_token = flops_per_token(config, context)
+    bandwidth = read_bandwidth_gbs()
+    params = flops_per_token(config, 0) / 2
+    print(
+        f"\n== roofline: {per_token / 1e9:.3f} GFLOP per token (2 x {params / 1e6:.1f}M matmul "
+        f"params + attention at context {context:.0f}); read bandwidth {bandwidth:.1f} GB/s; "
+        f"naive = HF generate per episode ({NAIVE_EPISODES} episodes, batch 1)"
+    )
+    for dtype in ("float32", "bfloat16"):
+        gflops = matmul_gflops(getattr(torch, dtype), threads)
+        roofline = gflops * 1e9 / per_token
+        tokenizer = results[dtype]["engine"].tokenizer
+        distinct = episodes(tokenizer, GROUP * NAIVE_EPISODES)[::GROUP]
+        naive_rate = naive(dtype, distinct, tokenizer.pad_token_id).rate
+        print(
+            f"  {dtype}: matmul {gflops:.0f} GFLOP/s -> compute roofline {roofline:.0f} tok/s; "
+            f"naive {naive_rate:.1f} tok/s"
+        )
+        print(
+            "    batch  engine-tok/s  x-naive  %compute-roofline  bw-roofline-tok/s  %bw-roofline"
+        )
+        for batch, (timing, prompts, _) in results[dtype]["rows"].items():
+            shared = _common_prefix_len(prompts) if batch > 1 else 0
+            own = sum(map(len, prompts)) / batch - shared + NEW_TOKENS / 2
+            step_bytes = bytes_per_step(config, 2 if dtype == "bfloat16" else 4, batch, own, shared)
+            bw_roof = batch * bandwidth * 1e9 / step_bytes
+            rate = timing.rate
+            print(
+                f"    {batch:5d}  {rate:12.0f}  {rate / naive_rate:7.1f}  "
+                f"{100 * rate / roofline:16.1f}%  {bw_roof:17.0f}  {100 * rate / bw_roof:11.1f}%"
+            )
+
+
+def _common_prefix_len(prompts: list[list[int]]) -> int:
+    n = 0
+    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def main() -> None:
+    if not (MODEL / "config.json").exists():
+        print(f"skip: no model folder at {MODEL} (see agent_core.models.convert_smollm2)")
+        return
+    torch.manual_seed(0)
+    machine_facts()
+    for dtype in (torch.float32, torch.bfloat16):
+        rates = ", ".join(f"{n} thread(s) {matmul_gflops(dtype, n):.0f}" for n in (1, 2))
+        print(f"dense 2048^2 matmul {str(dtype).removeprefix('torch.')}: {rates} GFLOP/s")
+    threads = thread_choice()
+    results = engine_table(threads)
+    roofline_report(results, threads)
+    logprob_gap(results)
+    ablations(threads)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
