@@ -182,6 +182,10 @@ def evaluate_in_training(
     tracking.log_metrics(cfg.tracking, run.mlflow_run_id, version, outcome.metrics)
     artifact = f"eval/{label}_episodes.json"
     tracking.log_table(cfg.tracking, run.mlflow_run_id, Path(outcome.table_path), artifact)
+    if cfg.tracking.plot_curve and not before_warmup:
+        from agent_core.reporting import CURVE_BASELINES, CURVE_KEYS
+
+        tracking.log_learning_curve(cfg.tracking, run.mlflow_run_id, CURVE_KEYS, CURVE_BASELINES)
     marker.write_text(outcome.model_dump_json())
     return outcome
 

@@ -27,6 +27,7 @@ from agent_core.rewards import group_trajectories
 from configs.run_config import RunConfig
 
 CURVE_KEYS = ["reward/mean", "success_rate", "eval/success_rate"]
+CURVE_BASELINES = {"eval_base/success_rate": "base model, held-out success"}
 
 
 class LogResult(BaseModel):
@@ -181,7 +182,7 @@ def log_iteration(
     metrics["timing_s/log"] = time.perf_counter() - start
     tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
     if t.plot_curve:
-        tracking.log_learning_curve(t, run.mlflow_run_id, CURVE_KEYS)
+        tracking.log_learning_curve(t, run.mlflow_run_id, CURVE_KEYS, CURVE_BASELINES)
     result = LogResult(
         iteration=iteration,
         mlflow_run_id=run.mlflow_run_id,

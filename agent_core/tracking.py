@@ -267,7 +267,7 @@ def _clear_partial_traces(
         return False
     iteration = trajectories[0]["iteration"]
     existing = client.search_traces(
-        experiment_ids=[experiment],
+        locations=[experiment],
         run_id=run_id,
         filter_string=f"tags.`steprl.iteration` = '{iteration}'",
         max_results=max(100, 2 * len(trajectories)),
@@ -299,8 +299,11 @@ def register_checkpoint(
     return str(version.version)
 
 
-def log_learning_curve(cfg: TrackingSection, run_id: str, keys: list[str]) -> None:
-    """Plot the metric histories of `keys` against iteration and log plots/learning_curve.png."""
+def log_learning_curve(
+    cfg: TrackingSection, run_id: str, keys: list[str], baselines: dict[str, str] | None = None
+) -> None:
+    """Plot the metric histories of `keys` against iteration, and each logged metric of
+    `baselines` (key -> label) as a dashed horizontal line; log plots/learning_curve.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,6 +315,10 @@ def log_learning_curve(cfg: TrackingSection, run_id: str, keys: list[str]) -> No
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         if history:
             ax.plot([m.step for m in history], [m.value for m in history], marker="o", label=key)
+    for key, label in (baselines or {}).items():
+        history = client.get_metric_history(run_id, key)
+        if history:
+            ax.axhline(history[-1].value, linestyle="--", color="gray", label=label)
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
     ax.legend()
