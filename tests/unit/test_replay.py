@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import polars as pl
@@ -60,6 +61,19 @@ def make_steps(n: int, iteration: int = 1) -> list[Step]:
 def test_table_round_trip() -> None:
     steps = make_steps(10)
     assert table_to_steps(steps_to_table(steps)) == steps
+
+
+def test_table_to_steps_restores_the_garbage_collector_state() -> None:
+    table = steps_to_table(make_steps(4))
+    assert gc.isenabled()
+    table_to_steps(table)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        table_to_steps(table)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_ipc_round_trip(tmp_path: Path) -> None:
