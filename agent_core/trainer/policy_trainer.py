@@ -223,6 +223,10 @@ class PolicyTrainer:
                 sums[key] = sums.get(key, 0.0) + value
             metrics.trained_tokens += batch.response_tokens
             metrics.padded_tokens += int(batch.input_ids.numel())
+        if done == 0:  # every micro-batch had a non-finite loss: nothing to step on
+            self.engine.zero_grad()
+            metrics.skipped_steps += 1
+            return done
         norm = self._grad_norm()
         if norm is not None and not math.isfinite(norm):
             # a non-finite gradient never reaches the weights (or a checkpoint)

@@ -101,7 +101,7 @@ def test_kill_in_phase_then_resume_exactly(reference, point: str) -> None:
     names = sorted(d.dataset.name for d in run.inputs.dataset_inputs)
     assert names == ["steps_iter_0001", "steps_iter_0002"]
     traces = client.search_traces(
-        experiment_ids=[run.info.experiment_id], run_id=run_id, max_results=500
+        locations=[run.info.experiment_id], run_id=run_id, max_results=500
     )
     trajectories = pq.read_table(run_dir / "iter_0002/steps.parquet").column("trajectory_id")
     assert len(traces) == 2 * len(set(trajectories.to_pylist()))

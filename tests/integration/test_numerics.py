@@ -40,6 +40,7 @@ def test_nonfinite_loss_is_skipped_and_counted(trainer: PolicyTrainer) -> None:
     before = _weights(trainer)
     metrics = trainer.update(_rows(float("nan")), iteration=1)
     assert metrics.nonfinite_losses == 2  # both micro-batches
+    assert metrics.skipped_steps == 1 and metrics.optimizer_steps == 0
     after = _weights(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before)
 

@@ -124,7 +124,7 @@ def test_mlflow_traces_one_per_trajectory(trained) -> None:
     stored = table_to_steps(read_partition(summary.run_dir, 1))
     run = client.get_run(summary.mlflow_run_id)
     traces = client.search_traces(
-        experiment_ids=[run.info.experiment_id], run_id=summary.mlflow_run_id, max_results=500
+        locations=[run.info.experiment_id], run_id=summary.mlflow_run_id, max_results=500
     )
     trajectories = {s.trajectory_id for s in stored}
     assert len(traces) == len(trajectories)

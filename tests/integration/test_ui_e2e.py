@@ -105,9 +105,16 @@ def runner(served) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def deployment(served, runner) -> dict:
-    response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
-    response.raise_for_status()
-    return response.json()
+    """The `train/smoke` deployment, once its runner has polled the server (status READY)."""
+    deadline = time.monotonic() + 120
+    while True:
+        response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
+        if response.status_code == 200 and response.json().get("status") == "READY":
+            return response.json()
+        if time.monotonic() > deadline:
+            response.raise_for_status()
+            pytest.fail(f"the train/smoke deployment never became READY: {response.json()}")
+        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
