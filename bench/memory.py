@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from offline import prepare
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 MB = 1024  # /proc/self/status reports kB
@@ -123,19 +125,11 @@ def main() -> int:
         "--threads", type=int, default=0, help="torch threads (0 = torch's default)"
     )
     args = parser.parse_args()
-    if not (args.model / "config.json").is_file():
-        print(f"skipped: no model folder at {args.model} (make setup-model converts SmolLM2)")
-        return 0
     if not Path("/proc/self/clear_refs").exists():
         print("skipped: needs Linux /proc (VmHWM and clear_refs) to read per-phase peaks")
         return 0
-    args.model = args.model.resolve()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DO_NOT_TRACK="1")
-    sys.path.insert(0, str(REPO))
+    if not prepare(args):
+        return 0
     # import torch, transformers, deepspeed, mlflow now: the baseline RSS includes them
     from agent_core import iteration, reporting  # noqa: F401
 

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from offline import prepare
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 TASKS, GROUP, NEW_TOKENS, LR, TEMPERATURE, LENGTH_PENALTY = 4, 4, 32, 5e-6, 0.7, -0.01
@@ -245,16 +247,8 @@ def main() -> int:
             "keep torch 2.13.0 CPU and transformers 5.24.0); nothing to compare"
         )
         return 0
-    if not (args.model / "config.json").is_file():
-        print(f"skipped: no model folder at {args.model} (make setup-model converts SmolLM2)")
+    if not prepare(args):
         return 0
-    args.model = args.model.resolve()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DO_NOT_TRACK="1")
-    sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.chdir(root)  # MLflow's sqlite store puts ./mlartifacts next to the working dir

@@ -1,0 +1,27 @@
+"""The shared start of benches that run the default model: skip politely without its folder,
+set torch's thread count when asked, stay offline, and make the repo importable."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def prepare(args: argparse.Namespace) -> bool:
+    """Set up for `args.model` / `args.threads`; False (after saying why) when the model folder
+    is missing and the bench should exit."""
+    if not (args.model / "config.json").is_file():
+        print(f"skipped: no model folder at {args.model} (make setup-model converts SmolLM2)")
+        return False
+    args.model = args.model.resolve()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DO_NOT_TRACK="1")
+    sys.path.insert(0, str(REPO))
+    return True
