@@ -480,6 +480,7 @@ def update(
     _write_latest(run_dir, iteration)
     runtime.mark_trained(run_dir, iteration)
     _prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
+    runtime.return_free_memory()
     return result
 
 

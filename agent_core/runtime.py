@@ -7,6 +7,9 @@ each update. A fresh process (a resumed run) rebuilds both from the latest check
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,3 +111,14 @@ def mark_trained(run_dir: Path, version: int) -> None:
         rt.trainer_version = version
         if rt.engine is not None and rt.trainer is not None:
             rt.engine.load_weights(rt.trainer.lm_state_dict(), version)
+
+
+def return_free_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps memory freed by an update (activations,
+    logits, checkpoint copies) in its per-thread arenas, so the process's resident size would
+    stay at the update's peak through the next rollout; elsewhere this does nothing."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+        ctypes.CDLL(name).malloc_trim(0)
