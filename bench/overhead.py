@@ -5,7 +5,8 @@ Runs the real flow (smoke preset on a bigger random tiny model, eval and warm-up
 Prefect embedded (ephemeral API, temp home) and MLflow on sqlite in a temp dir. Each
 `agent_core` phase body and each Prefect task call is wrapped with a clock in-process, so
 iteration wall = body time + Prefect task machinery + flow glue. The `log` body is where MLflow
-works; it is shown too. Run: .venv/bin/python bench/overhead.py [--iterations 3] (~2-4 min).
+works; it is shown too. Run: .venv/bin/python bench/overhead.py [--iterations 3] (~2-4 min);
+with --demo --tasks 8, the demo preset on the default model (~6 min).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+DEMO_MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 PHASES = {
     "collect_shard": "collect",
     "score": "score",
@@ -102,18 +104,21 @@ def run_flow(root: Path, args: argparse.Namespace):
     from agent_core.config import load_config
     from flows.train import train
 
-    config = load_config(
-        "smoke",
-        [
+    common = [
+        f"run.iterations={args.iterations}",
+        f"run.output_dir={root / 'runs'}",
+        f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+        f"rollout.tasks_per_iteration={args.tasks}",
+    ]
+    if args.demo:
+        config = load_config("calculator_grpo", [f"model.path={DEMO_MODEL}", *common])
+    else:
+        model = [
             f"model.path={root / 'tiny-model'}",
             f"model.tiny_hidden_size={args.hidden}",
             f"model.tiny_layers={args.layers}",
-            f"run.iterations={args.iterations}",
-            f"run.output_dir={root / 'runs'}",
-            f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
-            f"rollout.tasks_per_iteration={args.tasks}",
-        ],
-    )
+        ]
+        config = load_config("smoke", [*model, *common])
     start = time.perf_counter()
     summary = train(config)
     return summary, start, time.perf_counter()
@@ -201,6 +206,12 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256, help="tiny model hidden size")
     parser.add_argument("--layers", type=int, default=4, help="tiny model layers")
     parser.add_argument("--tasks", type=int, default=4, help="tasks per iteration (x group 4)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="the demo preset (calculator_grpo) with the default SmolLM2 model instead of the "
+        "smoke preset on a random tiny model (use --tasks 8 for the demo's own batch)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -216,10 +227,14 @@ def main() -> int:
         instrument()
         summary, start, end = run_flow(root, args)
         rows = per_iteration(summary.iterations_run)
+        model = (
+            "calculator_grpo preset, SmolLM2-135M-Instruct"
+            if args.demo
+            else f"smoke preset, random Llama hidden {args.hidden} x {args.layers} layers"
+        )
         print(
-            f"\ntrain flow: smoke preset, random Llama hidden {args.hidden} x {args.layers} "
-            f"layers, {args.tasks} tasks x 4 samples/iteration, {len(rows)} iterations, "
-            f"total {end - start:.1f} s"
+            f"\ntrain flow: {model}, {args.tasks} tasks x 4 samples/iteration, "
+            f"{len(rows)} iterations, total {end - start:.1f} s"
         )
         print_table(rows, Path(summary.run_dir))
         print_summary(rows, start, end)
