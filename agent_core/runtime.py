@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,8 +116,5 @@ def return_free_memory() -> None:
     """Hand freed heap pages back to the OS. glibc keeps memory freed by an update (activations,
     logits, checkpoint copies) in its per-thread arenas, so the process's resident size would
     stay at the update's peak through the next rollout; elsewhere this does nothing."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
-        ctypes.CDLL(name).malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: no library lookup

@@ -26,8 +26,12 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from agent_core.records import Step
-from agent_core.replay.schema import _ATTR_OF as ATTR_OF
-from agent_core.replay.schema import STEP_SCHEMA, steps_to_table, table_to_steps
+from agent_core.replay.schema import (
+    STEP_SCHEMA,
+    rows_to_steps,
+    steps_to_table,
+    table_to_steps,
+)
 from agent_core.replay.store import commit_partition, read_partition, scan_steps
 
 VOCAB, PREFIX, QUESTION, RESPONSE, FEEDBACK, GROUP = 49152, 250, 30, 40, 15, 4
@@ -66,15 +70,6 @@ def make_steps(count: int, seed: int) -> list[Step]:
                 )  # fmt: skip
                 prompt = prompt + response + rng.integers(0, VOCAB, FEEDBACK).tolist()
     return steps[:count]
-
-
-def steps_gc_on(table: pa.Table) -> list[Step]:
-    """The Arrow -> Step conversion as `table_to_steps` did it before pausing the GC."""
-    steps = []
-    for row in table.to_pylist():
-        row["info"] = json.loads(row["info"])
-        steps.append(Step(**{ATTR_OF.get(k, k): v for k, v in row.items()}))
-    return steps
 
 
 def best_of(fn: Callable[[], object]) -> tuple[object, float]:
@@ -182,7 +177,7 @@ def read_side(table: pa.Table, run_dir: Path, tmp: Path) -> None:
     _, t_pq = best_of(lambda: pq.read_table(tmp / "plain.parquet"))
     _, t_ipc = best_of(lambda: ipc.open_file(pa.memory_map(str(tmp / "plain.arrow"))).read_all())
     _, t_objs, _, t_objs_gc_on = best_of_pair(
-        lambda: table_to_steps(table), lambda: steps_gc_on(table)
+        lambda: table_to_steps(table), lambda: rows_to_steps(table)
     )
     jsonl = tmp / "steps.jsonl"
     _, t_jsonl = best_of(lambda: jsonl_read(jsonl))

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 from agent_core.agent_flow import AgentFlow
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine, sample_tokens
+from agent_core.rollout.hf_engine import HFRolloutEngine, _common_prefix, sample_tokens
 
 MODEL = Path(".models/SmolLM2-135M-Instruct")
 NEW_TOKENS = 64
@@ -310,7 +310,7 @@ def roofline_report(results: dict[str, dict], threads: int) -> None:
             "    batch  engine-tok/s  x-naive  %compute-roofline  bw-roofline-tok/s  %bw-roofline"
         )
         for batch, (timing, prompts, _) in results[dtype]["rows"].items():
-            shared = _common_prefix_len(prompts) if batch > 1 else 0
+            shared = _common_prefix(prompts) if batch > 1 else 0  # as the engine shares it
             own = sum(map(len, prompts)) / batch - shared + NEW_TOKENS / 2
             step_bytes = bytes_per_step(config, 2 if dtype == "bfloat16" else 4, batch, own, shared)
             bw_roof = batch * bandwidth * 1e9 / step_bytes
@@ -319,13 +319,6 @@ def roofline_report(results: dict[str, dict], threads: int) -> None:
                 f"    {batch:5d}  {rate:12.0f}  {rate / naive_rate:7.1f}  "
                 f"{100 * rate / roofline:16.1f}%  {bw_roof:17.0f}  {100 * rate / bw_roof:11.1f}%"
             )
-
-
-def _common_prefix_len(prompts: list[list[int]]) -> int:
-    n = 0
-    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
-        n += 1
-    return n
 
 
 def main() -> None:

@@ -185,8 +185,8 @@ class RolloutSection(Section):
     )
     pack_weights: bool = Field(
         True,
-        description="Fused forward on CPU only: reorder weights once into oneDNN (bf16) / MKL "
-        "(fp32) blocked layouts instead of on every matmul. Costs one extra copy of the "
+        description="Fused forward on CPU only: reorder weights once into oneDNN's blocked "
+        "layout (fp32 and bf16) instead of on every matmul. Costs one extra copy of the "
         "weights in memory.",
     )
 

@@ -64,14 +64,19 @@ def table_to_steps(table: pa.Table) -> list[Step]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        steps = []
-        for row in table.to_pylist():
-            row["info"] = json.loads(row["info"])
-            steps.append(Step(**{_ATTR_OF.get(k, k): v for k, v in row.items()}))
-        return steps
+        return rows_to_steps(table)
     finally:
         if was_enabled:
             gc.enable()
+
+
+def rows_to_steps(table: pa.Table) -> list[Step]:
+    """`table_to_steps` without pausing the garbage collector."""
+    steps = []
+    for row in table.to_pylist():
+        row["info"] = json.loads(row["info"])
+        steps.append(Step(**{_ATTR_OF.get(k, k): v for k, v in row.items()}))
+    return steps
 
 
 def check_schema(table: pa.Table, where: str) -> None:

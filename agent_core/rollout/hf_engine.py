@@ -311,8 +311,7 @@ class FusedLlamaBackend:
         self.device = model.lm_head.weight.device
         self.share_prefix = share_prefix and _cascade_supported(self.device)
         self.prefix: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, shared, head_dim]
-        self.prefill_forwards = 0  # counters, for tests and the benchmark
-        self.step_batch_sizes: list[int] = []
+        self.prefill_forwards = 0  # prefill forwards run (prefix + chunks), for tests
 
     def weights_changed(self) -> None:
         for linear in [self.lm_head, *(lin for layer in self.layers for lin in layer.linears())]:
@@ -326,7 +325,6 @@ class FusedLlamaBackend:
         self.valid = self.valid.to(self.device)
         self.length = width
         self.next_pos = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.step_batch_sizes = []
         self.prefix = self._prefill_prefix(prompts[0][:shared]) if shared else None
         weight = self.lm_head.weight
         logits = weight.new_empty((len(prompts), weight.shape[0]))
@@ -386,7 +384,6 @@ class FusedLlamaBackend:
         logits = self._forward(tokens[:, None], positions, self.kv, slot, mask, self.prefix)
         self.length += 1
         self.next_pos = self.next_pos + 1
-        self.step_batch_sizes.append(len(tokens))
         return logits
 
     def select(self, rows: torch.Tensor) -> None:
