@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 ITERATIONS = 2
 # One math thread and MKL's reproducibility mode: bitwise equality across processes needs the
 # same kernels on the same partition of work. With two threads on a loaded machine, about one
-# process in ten computed the first rollouts' RoPE cos/sin differently (off by 1.5e-4 at position
+# process in ten computed the first rollout's RoPE cos differently (off by 1.5e-4 at position
 # ~700), so its log-probs differed from the steady run's in the last bit.
 SAME_MATH = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE",
              "MKL_CBWR": "AUTO"}  # fmt: skip
