@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from offline import prepare
+from offline import DEFAULT_MODEL, prepare
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 MB = 1024  # /proc/self/status reports kB
 
 
@@ -118,7 +117,7 @@ def print_table(start_rss: float) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=2, help="tasks per iteration (x group 4)")
     parser.add_argument(

@@ -1,5 +1,5 @@
-"""The shared start of benches that run the default model: skip politely without its folder,
-set torch's thread count when asked, stay offline, and make the repo importable."""
+"""The shared start of benches that run the default model: where it lives, skip politely without
+its folder, set torch's thread count when asked, stay offline, and make the repo importable."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"  # what `make setup-model` converts
 
 
 def prepare(args: argparse.Namespace) -> bool:

@@ -21,8 +21,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from offline import DEFAULT_MODEL
+
 REPO = Path(__file__).resolve().parent.parent
-DEMO_MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 PHASES = {
     "collect_shard": "collect",
     "score": "score",
@@ -111,7 +112,7 @@ def run_flow(root: Path, args: argparse.Namespace):
         f"rollout.tasks_per_iteration={args.tasks}",
     ]
     if args.demo:
-        config = load_config("calculator_grpo", [f"model.path={DEMO_MODEL}", *common])
+        config = load_config("calculator_grpo", [f"model.path={DEFAULT_MODEL}", *common])
     else:
         model = [
             f"model.path={root / 'tiny-model'}",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from offline import DEFAULT_MODEL
 from transformers import AutoModelForCausalLM
 
 from agent_core.agent_flow import AgentFlow
@@ -28,7 +29,6 @@ from agent_core.envs.calculator import CalculatorEnv
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.hf_engine import HFRolloutEngine, _common_prefix, sample_tokens
 
-MODEL = Path(".models/SmolLM2-135M-Instruct")
 NEW_TOKENS = 64
 GROUP = 4
 BATCHES = (1, 8, 32, 64)
@@ -121,7 +121,7 @@ def timed(engine: HFRolloutEngine, prompts: list[list[int]], params=PARAMS, reps
 def naive(dtype: str, prompts: list[list[int]], pad: int) -> Timing:
     """A freshly loaded HF model, `model.generate` once per episode (batch 1), same sampling
     and token budget (at the process's thread count)."""
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=getattr(torch, dtype)).eval()
     tokens, wall, cpu = 0, time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for prompt in prompts:
@@ -143,7 +143,7 @@ def naive(dtype: str, prompts: list[list[int]], pad: int) -> Timing:
 def thread_choice() -> int:
     """Engine tokens/s with 1 and 2 intra-op threads (alternating, best of 2, bf16, batch 8)."""
     print("\n== threads (bf16 engine, batch 8, 8 new tokens, alternating, best of 2)")
-    engines = {n: HFRolloutEngine(MODEL, "bfloat16", threads=n) for n in (1, 2)}
+    engines = {n: HFRolloutEngine(DEFAULT_MODEL, "bfloat16", threads=n) for n in (1, 2)}
     prompts = episodes(engines[1].tokenizer, 8)
     params = SamplingParams(max_new_tokens=8, seed=0)
     best = {n: 0.0 for n in engines}
@@ -166,7 +166,7 @@ def engine_table(threads: int) -> dict[str, dict]:
     print("  dtype     batch  prompt  gen-tok   wall-s  tok/s  tok/cpu-s")
     results: dict[str, dict] = {}
     for dtype in ("float32", "bfloat16"):
-        engine = HFRolloutEngine(MODEL, dtype, threads=threads)
+        engine = HFRolloutEngine(DEFAULT_MODEL, dtype, threads=threads)
         timed(engine, episodes(engine.tokenizer, 2), SamplingParams(max_new_tokens=4))  # warm up
         rows = {}
         for batch in BATCHES:
@@ -193,7 +193,7 @@ def ablations(threads: int) -> None:
         "HF forward + DynamicCache": {"fused": False},
     }
     engines = {
-        name: HFRolloutEngine(MODEL, "bfloat16", threads=threads, **kwargs)
+        name: HFRolloutEngine(DEFAULT_MODEL, "bfloat16", threads=threads, **kwargs)
         for name, kwargs in variants.items()
     }
     prompts = episodes(engines["all on"].tokenizer, 32)
@@ -322,8 +322,8 @@ def roofline_report(results: dict[str, dict], threads: int) -> None:
 
 
 def main() -> None:
-    if not (MODEL / "config.json").exists():
-        print(f"skip: no model folder at {MODEL} (see agent_core.models.convert_smollm2)")
+    if not (DEFAULT_MODEL / "config.json").exists():
+        print(f"skipped: no model folder at {DEFAULT_MODEL} (make setup-model converts SmolLM2)")
         return
     torch.manual_seed(0)
     machine_facts()

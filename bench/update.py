@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from offline import DEFAULT_MODEL, prepare
 
 from agent_core.algorithms.losses import clipped_policy_loss
 from agent_core.trainer.batching import TrainRow, build_sequences, collate, plan_minibatches
@@ -26,7 +27,6 @@ from agent_core.trainer.policy_module import PolicyModule
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.run_config import TrainerSection
 
-MODEL = Path(".models/SmolLM2-135M-Instruct")
 TEMPERATURE, SEED = 0.7, 0
 # calculator-like steps: a ~250-token few-shot prompt; later steps append the ~40-token reply
 # and a ~15-token tool result (append-only), up to 3 steps per episode
@@ -224,7 +224,7 @@ def print_flops(trainer: PolicyTrainer, rows, cfg: TrainerSection, best: dict) -
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--rows", type=int, default=8, help="step rows per update")
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--mini", type=int, default=8)
@@ -242,10 +242,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not (args.model / "config.json").is_file():
-        print(f"skipped: no model folder at {args.model} (make setup-model converts SmolLM2)")
+    if not prepare(args):
         return 0
     cfg = TrainerSection(
         dtype=args.dtype,

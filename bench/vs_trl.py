@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from offline import prepare
+from offline import DEFAULT_MODEL, prepare
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
 TASKS, GROUP, NEW_TOKENS, LR, TEMPERATURE, LENGTH_PENALTY = 4, 4, 32, 5e-6, 0.7, -0.01
 
 
@@ -235,7 +234,7 @@ def report(steprl: list[dict], trl: list[dict]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (0 = torch's default)"
