@@ -432,7 +432,10 @@ class TrainerSection(Section):
         (0.9, 0.999), description="AdamW betas (beta1, beta2), each in [0, 1)."
     )
     micro_batch_size: int = Field(
-        4, ge=1, description="Step rows per forward/backward (micro-batch)."
+        4,
+        ge=1,
+        description="Sequences per forward/backward (micro-batch); with shared_prefix the most "
+        "a micro-batch's prefix tree may hold.",
     )
     mini_batch_size: int = Field(
         64,
@@ -490,9 +493,22 @@ class TrainerSection(Section):
         0.2, gt=0.0, description="Value-loss clip range around the rollout-time value; None = off."
     )
     pack_trajectories: bool = Field(
-        False,
+        True,
         description="Pack each append-only trajectory's steps into one sequence (same gradient, "
         "O(T) instead of O(T^2) tokens); other trajectories train step by step.",
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Merge each micro-batch's sequences into one prefix tree with a tree "
+        "attention mask: a prefix shared by many rows (system prompt, worked examples, a "
+        "group's task) is processed once. Same loss and gradients; false = left-padded rows.",
+    )
+    micro_batch_tokens: int = Field(
+        1024,
+        ge=16,
+        description="With shared_prefix: most tree positions per micro-batch (micro_batch_size "
+        "still caps its sequences). Attention over a tree costs tokens^2, so 512-2048 is the "
+        "useful range on a 135M model (bench/update.py --tree-tokens).",
     )
     old_logprobs: Literal["rollout", "recompute"] = Field(
         "rollout",

@@ -3,6 +3,12 @@
 A training sequence is one step (prompt + response) or, with append-only packing, a whole
 trajectory (its last step's prompt + response, covering every step's response). Only positions
 that predict a response token get logits, so a micro-batch carries flat token lists.
+
+A micro-batch is either left-padded sequences (`collate`) or one prefix tree (`collate_tree`):
+every distinct prefix of its sequences is one position, attending to its ancestors only, so the
+system prompt, a group's task prompt and a trajectory's earlier steps are processed once. A
+token's hidden state depends only on the tokens before it and its position, so the tree gives
+the same logits, loss and gradients as the padded batch (tests/unit/test_prefix_tree.py).
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ def _single(index: int, row: TrainRow) -> TrainSequence:
 class MicroBatch:
     """Tensors of one micro-batch. B sequences of padded length L; N response tokens; S steps.
 
-    input_ids, attention_mask, position_ids: [B, L] (left-padded).
+    input_ids, position_ids: [B, L]; attention_mask: [B, L] (left-padded) or, for a prefix
+    tree, a boolean [1, 1, L, L] (position i attends to j when j is i or one of its ancestors).
     token_pos: [N, 2] (sequence, position) whose logits predict response token `targets` [N];
     token_step: [N] the step (0..S-1) each token belongs to; old_logprobs: [N].
     value_pos: [S, 2] each step's last prompt token; advantages, returns, old_values: [S].
@@ -153,14 +160,114 @@ def collate(sequences: list[TrainSequence], rows: list[TrainRow], pad_id: int) -
     )
 
 
+def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
+    """`sequences` merged into one prefix tree (a trie over their token ids): a [1, T] batch
+    where T is the number of distinct prefixes, with a tree attention mask and each position's
+    depth as its position id."""
+    children: list[dict[int, int]] = [{}]  # node 0 is the empty prefix
+    parents, tokens, depths = [-1], [0], [-1]
+    paths = []
+    for seq in sequences:
+        node, path = 0, []
+        for depth, token in enumerate(seq.input_ids):
+            child = children[node].get(token)
+            if child is None:
+                child = len(tokens)
+                children[node][token] = child
+                children.append({})
+                parents.append(node)
+                tokens.append(token)
+                depths.append(depth)
+            node = child
+            path.append(child - 1)  # tree position, without the empty prefix
+        paths.append(path)
+    size = len(tokens) - 1
+    mask = np.zeros((size, size), dtype=bool)
+    for node in range(1, size + 1):  # parents come before children: copy the parent's row
+        if parents[node] > 0:
+            mask[node - 1] = mask[parents[node] - 1]
+        mask[node - 1, node - 1] = True
+    token_pos, token_step, targets, old = [], [], [], []
+    value_pos, step_rows = [], []
+    for seq, path in zip(sequences, paths, strict=True):
+        for row_index, start, stop in seq.spans:
+            step = len(step_rows)
+            step_rows.append(rows[row_index])
+            value_pos.append((0, path[start - 1]))
+            for t in range(start, stop):
+                token_pos.append((0, path[t - 1]))  # the position of token t - 1 predicts t
+                token_step.append(step)
+                targets.append(seq.input_ids[t])
+            old.extend(rows[row_index].old_logprobs)
+
+    def floats(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32)
+
+    return MicroBatch(
+        input_ids=torch.tensor([tokens[1:]], dtype=torch.long),
+        attention_mask=torch.from_numpy(mask)[None, None],
+        position_ids=torch.tensor([depths[1:]], dtype=torch.long),
+        token_pos=torch.tensor(token_pos, dtype=torch.long).reshape(-1, 2),
+        targets=torch.tensor(targets, dtype=torch.long),
+        token_step=torch.tensor(token_step, dtype=torch.long),
+        old_logprobs=floats(old),
+        value_pos=torch.tensor(value_pos, dtype=torch.long).reshape(-1, 2),
+        advantages=floats([r.advantage for r in step_rows]),
+        returns=floats([r.return_ for r in step_rows]),
+        old_values=floats([r.value for r in step_rows]),
+    )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tree_microbatches(
+    sequences: list[list[int]], indices: list[int], max_sequences: int, token_budget: int
+) -> list[list[int]]:
+    """Split `indices` (into `sequences`' token lists) into prefix-tree micro-batches: in
+    lexicographic order (neighbours share the longest prefixes), each micro-batch taking
+    sequences while its tree stays within `token_budget` positions and `max_sequences`
+    sequences. In sorted order a sequence adds len - (common prefix with the one before)
+    positions to the tree; a sequence longer than the budget gets a micro-batch of its own."""
+    order = sorted(indices, key=lambda i: sequences[i])
+    micros: list[list[int]] = []
+    size = 0
+    for i in order:
+        if micros and len(micros[-1]) < max_sequences:
+            shared = _common_prefix(sequences[micros[-1][-1]], sequences[i])
+            grown = size + len(sequences[i]) - shared
+            if grown <= token_budget:
+                micros[-1].append(i)
+                size = grown
+                continue
+        micros.append([i])
+        size = len(sequences[i])
+    return micros
+
+
 def plan_minibatches(
-    lengths: list[int], mini_batch_size: int, micro_batch_size: int, seed: int
+    sequences: list[list[int]],
+    mini_batch_size: int,
+    micro_batch_size: int,
+    seed: int,
+    tree_tokens: int | None = None,
 ) -> list[list[list[int]]]:
-    """Shuffle sequence indices into mini-batches, then split each into micro-batches of
-    sequences of similar length (less padding). Returns [mini][micro] -> sequence indices."""
-    order = np.random.default_rng(seed).permutation(len(lengths))
+    """Shuffle sequence indices into mini-batches, then split each into micro-batches: of
+    sequences of similar length (less padding), or with `tree_tokens` into prefix trees of at
+    most that many positions (`tree_microbatches`). Returns [mini][micro] -> sequence indices."""
+    order = np.random.default_rng(seed).permutation(len(sequences))
     plan = []
     for start in range(0, len(order), mini_batch_size):
-        mini = sorted(order[start : start + mini_batch_size].tolist(), key=lambda i: lengths[i])
+        mini = order[start : start + mini_batch_size].tolist()
+        if tree_tokens is not None:
+            plan.append(tree_microbatches(sequences, mini, micro_batch_size, tree_tokens))
+            continue
+        mini.sort(key=lambda i: len(sequences[i]))
         plan.append([mini[j : j + micro_batch_size] for j in range(0, len(mini), micro_batch_size)])
     return plan

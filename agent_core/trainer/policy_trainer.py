@@ -26,7 +26,9 @@ from agent_core.trainer.batching import (
     TrainSequence,
     build_sequences,
     collate,
+    collate_tree,
     plan_minibatches,
+    tree_microbatches,
 )
 from agent_core.trainer.distributed import (
     init_process_group,
@@ -61,6 +63,10 @@ class UpdateMetrics:
     packed_trajectories: int = 0
     trained_tokens: int = 0
     padded_tokens: int = 0
+    # trainer.old_logprobs=recompute: |rollout log-prob - trainer's recomputed one| per token
+    # (how far the rollout engine's numerics are from the trainer's; 0 when not recomputed)
+    rollout_logprob_diff_mean: float = 0.0
+    rollout_logprob_diff_max: float = 0.0
     seconds: float = 0.0
 
 
@@ -101,6 +107,8 @@ class PolicyTrainer:
         load_ref = reference_path and cfg.lora is None
         self.reference = self._load_reference(reference_path) if load_ref else None
         self._sft = False  # set while sft_update runs
+        # prefix-tree micro-batches of at most this many positions (None: left-padded ones)
+        self._tree = cfg.micro_batch_tokens if cfg.shared_prefix else None
 
     def _ds_config(self) -> dict:
         return {
@@ -197,10 +205,16 @@ class PolicyTrainer:
         logp = logp_all.gather(-1, batch.targets[:, None]).squeeze(-1)
         return logp, logp_all, values
 
-    def _train_rows(self, rows: list[TrainRow]) -> list[TrainRow]:
-        if self.cfg.old_logprobs == "recompute":
-            return self._recompute_old_logprobs(rows)
-        return rows
+    def _train_rows(self, rows: list[TrainRow], metrics: UpdateMetrics) -> list[TrainRow]:
+        if self.cfg.old_logprobs != "recompute":
+            return rows
+        recomputed = self._recompute_old_logprobs(rows)
+        diffs = [abs(a - b) for r, q in zip(rows, recomputed, strict=True)
+                 for a, b in zip(r.old_logprobs, q.old_logprobs, strict=True)]  # fmt: skip
+        if diffs:
+            metrics.rollout_logprob_diff_mean = sum(diffs) / len(diffs)
+            metrics.rollout_logprob_diff_max = max(diffs)
+        return recomputed
 
     def update(
         self, rows: list[TrainRow], iteration: int, epochs: int | None = None
@@ -209,12 +223,11 @@ class PolicyTrainer:
         mini-batch of sequences; its gradient is the configured aggregate over its tokens."""
         start = time.perf_counter()
         epochs = self.cfg.epochs if epochs is None else epochs
-        rows = rows if self._sft else self._train_rows(rows)
+        metrics = UpdateMetrics(rows=len(rows))
+        rows = rows if self._sft else self._train_rows(rows, metrics)
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
-        metrics = UpdateMetrics(
-            rows=len(rows), sequences=len(sequences), packed_trajectories=packed
-        )
-        lengths = [len(s.input_ids) for s in sequences]
+        metrics.sequences, metrics.packed_trajectories = len(sequences), packed
+        tokens = [s.input_ids for s in sequences]
         sums: dict[str, float] = {}
         micro_count = 0
         per_epoch = -(-len(sequences) // self.cfg.mini_batch_size)
@@ -222,7 +235,7 @@ class PolicyTrainer:
         for epoch in range(epochs):
             seed = self.seed + 1000 * iteration + epoch
             plan = plan_minibatches(
-                lengths, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed
+                tokens, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed, self._tree
             )
             for mini in plan:
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
@@ -281,7 +294,7 @@ class PolicyTrainer:
         step_count = sum(len(q.spans) for seqs in micros for q in seqs)
         done = 0
         for seqs, counts in self._rank_share(micros):
-            batch = collate(seqs, rows, self.pad_id).to(self.device)
+            batch = self._collate(seqs, rows)
             try:
                 parts = self._micro_backward(batch, token_count, step_count, weight=float(counts))
             except FloatingPointError:
@@ -310,6 +323,11 @@ class PolicyTrainer:
         sums["norm"] = sums.get("norm", 0.0) + float(norm or 0.0)
         metrics.optimizer_steps += 1
         return done
+
+    def _collate(self, sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
+        if self._tree is not None:
+            return collate_tree(sequences, rows).to(self.device)
+        return collate(sequences, rows, self.pad_id).to(self.device)
 
     def _backward(self, loss: torch.Tensor, weight: float) -> None:
         """Backward of a micro-batch loss that is already a share of the global mini-batch
@@ -345,7 +363,10 @@ class PolicyTrainer:
         loss = pg.loss
         parts = {"clip_fraction": pg.clip_fraction, "dual_clip_fraction": pg.dual_clip_fraction,
                  "approx_kl": pg.approx_kl, "ratio_mean": pg.ratio_mean}  # fmt: skip
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        with contextlib.nullcontext() if cfg.entropy_coef else torch.no_grad():
+            # a metric only when its coefficient is 0: no [tokens x vocab] tensors kept for
+            # the backward
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * aggregate(
                 _flat(entropy), ones, segments=segments, **agg
@@ -406,10 +427,15 @@ class PolicyTrainer:
         sequences, _ = build_sequences(rows, pack=False)
         logps: list[list[float]] = [[] for _ in rows]
         values = [0.0] * len(rows)
-        size = self.cfg.micro_batch_size
-        for start in range(0, len(sequences), size):
-            seqs = sequences[start : start + size]
-            batch = collate(seqs, rows, self.pad_id).to(self.device)
+        size, everything = self.cfg.micro_batch_size, list(range(len(sequences)))
+        if self._tree is not None:
+            tokens = [s.input_ids for s in sequences]
+            micros = tree_microbatches(tokens, everything, size, self._tree)
+        else:
+            micros = [everything[start : start + size] for start in range(0, len(everything), size)]
+        for micro in micros:
+            seqs = [sequences[i] for i in micro]
+            batch = self._collate(seqs, rows)
             logp, _, vals = self._logprobs(module, batch, with_values)
             step_rows = [span[0] for q in seqs for span in q.spans]
             for step, row in enumerate(step_rows):
