@@ -1,12 +1,16 @@
-"""Policy-update throughput: steprl's DeepSpeed `PolicyTrainer.update` vs a plain torch loop.
+"""Policy-update throughput on the demo's batch shape: before (left-padded micro-batches of 8
+unpacked rows, the old demo settings) vs after (the defaults: append-only packing and prefix-tree
+micro-batches that process a shared prefix once), full fine-tuning and LoRA, plus steprl's
+DeepSpeed `PolicyTrainer` vs a plain torch loop on the same batches (the framework's overhead).
 
-Both train the same SmolLM2-135M module (same synthetic calculator-like step rows, same clipped
-PG loss on response tokens, fused AdamW, grad clipping, micro/mini-batching and bf16 autocast)
-in one process, alternating, best of N. Prints trained tokens/s, the DeepSpeed overhead %, padding
-before/after length bucketing, and FLOP utilisation vs a 2048² matmul roofline measured here.
-Run: .venv/bin/python bench/update.py [--rows 8 --micro 4 --mini 8 --repeats 2 --threads 1]
-(2-4 min; on a box shared with other jobs --threads 1 avoids OpenMP stalls); --smoke: a tiny
-random model, 4 rows, one round (seconds).
+Rows are shaped like the calculator demo's: one ~196-token system prompt with worked examples
+shared by every row, a ~35-token task shared by a group of 4, 1-3 append-only steps of 30-48 then
+5-40 response tokens with 10-20 tokens of tool output between. All variants train the same rows
+with the same clipped PG loss, AdamW, clipping and dtype in one process, best of N. Prints
+seconds, trained tokens/s, processed tokens, FLOP utilisation against a 2048-square matmul
+roofline measured here, and after/before ratios.
+Run: .venv/bin/python bench/update.py [--rows 32 --repeats 1 --tree-tokens 1024 --threads 2]
+(~5 min on 2 cores); --smoke: a tiny random model, 8 rows, one round (seconds).
 """
 
 from __future__ import annotations
@@ -23,30 +27,34 @@ import torch
 from offline import DEFAULT_MODEL, SMOKE_HELP, prepare
 
 from agent_core.algorithms.losses import clipped_policy_loss
-from agent_core.trainer.batching import TrainRow, build_sequences, collate, plan_minibatches
+from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree, plan_minibatches
 from agent_core.trainer.policy_module import PolicyModule
 from agent_core.trainer.policy_trainer import PolicyTrainer, resolve_compute_dtype
-from configs.run_config import TrainerSection
+from configs.run_config import LoraSection, TrainerSection
 
-TEMPERATURE, SEED = 0.7, 0
-# calculator-like steps: a ~250-token few-shot prompt; later steps append the ~40-token reply
-# and a ~15-token tool result (append-only), up to 3 steps per episode
-BASE_PROMPT, RESPONSE, FEEDBACK, MAX_STEPS = (230, 270), (30, 48), (10, 20), 3
+TEMPERATURE, SEED, GROUP = 0.7, 0, 4
+SYSTEM, TASK, MAX_STEPS = 196, (30, 40), 3
+FIRST, LATER, FEEDBACK = (30, 48), (5, 40), (10, 20)
 
 
 def synthetic_rows(count: int, vocab: int, seed: int) -> list[TrainRow]:
-    """`count` step rows from append-only trajectories of 1..MAX_STEPS steps."""
+    """`count` step rows of demo-shaped append-only trajectories, GROUP per task."""
     rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    system = tokens(SYSTEM)
     rows: list[TrainRow] = []
     while len(rows) < count:
-        traj = f"t{len(rows)}"
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(*BASE_PROMPT))]
-        for k in range(rng.randint(1, MAX_STEPS)):
-            response = [rng.randrange(vocab) for _ in range(rng.randint(*RESPONSE))]
-            old = [-rng.uniform(0.05, 3.0) for _ in response]
-            rows.append(TrainRow(prompt, response, old, rng.gauss(0, 1), 0.0, 0.0, traj, k))
-            feedback = [rng.randrange(vocab) for _ in range(rng.randint(*FEEDBACK))]
-            prompt = prompt + response + feedback
+        task = system + tokens(rng.randint(*TASK))
+        for member in range(GROUP):
+            traj, prompt = f"t{len(rows)}-{member}", list(task)
+            for k in range(rng.randint(1, MAX_STEPS)):
+                response = tokens(rng.randint(*(FIRST if k == 0 else LATER)))
+                old = [-rng.uniform(0.05, 3.0) for _ in response]
+                rows.append(TrainRow(prompt, response, old, rng.gauss(0, 1), 0.0, 0.0, traj, k))
+                prompt = prompt + response + tokens(rng.randint(*FEEDBACK))
     return rows[:count]
 
 
@@ -60,19 +68,6 @@ def matmul_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> flo
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
-
-
-def unsorted_plan(lengths: list[int], mini: int, micro: int, seed: int) -> list[list[list[int]]]:
-    """`plan_minibatches` without its within-mini-batch length sort (no bucketing)."""
-    order = np.random.default_rng(seed).permutation(len(lengths)).tolist()
-    minis = [order[s : s + mini] for s in range(0, len(order), mini)]
-    return [[m[j : j + micro] for j in range(0, len(m), micro)] for m in minis]
-
-
-def padding_share(lengths: list[int], plan: list[list[list[int]]]) -> float:
-    """Pad tokens / real tokens over a plan's micro-batches (left-padded to the longest)."""
-    padded = sum(len(mb) * max(lengths[i] for i in mb) for mini in plan for mb in mini)
-    return padded / sum(lengths) - 1.0
 
 
 @dataclass(frozen=True)
@@ -102,41 +97,38 @@ class FlopModel:
 
 
 class PlainLoop:
-    """The same update in plain torch on the trainer's own PolicyModule (same weights, no
-    second copy in memory) with its own AdamW (fused, like the trainer's), clip_grad_norm_
-    and bf16 autocast; the DeepSpeed engine is bypassed entirely."""
+    """The same update in plain torch on a trainer's own PolicyModule (same weights, no second
+    copy in memory), with the trainer's micro-batches, its own fused AdamW, clip_grad_norm_ and
+    autocast; the DeepSpeed engine is bypassed entirely."""
 
-    def __init__(self, module: PolicyModule, cfg: TrainerSection, pad_id: int) -> None:
-        self.module, self.cfg, self.pad_id = module, cfg, pad_id
+    def __init__(self, trainer: PolicyTrainer) -> None:
+        self.trainer, self.cfg = trainer, trainer.cfg
+        self.module: PolicyModule = trainer.engine.module
         self.optimizer = torch.optim.AdamW(
-            module.parameters(),
-            lr=cfg.learning_rate,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
+            [p for p in self.module.parameters() if p.requires_grad],
+            lr=self.cfg.learning_rate,
+            betas=self.cfg.betas,
+            weight_decay=self.cfg.weight_decay,
             fused=True,
         )
 
     def update(self, rows: list[TrainRow], iteration: int) -> float:
         """One epoch over `rows` like `PolicyTrainer.update`; returns seconds."""
         start, cfg = time.perf_counter(), self.cfg
-        sequences, _ = build_sequences(rows, pack=False)
-        lengths = [len(s.input_ids) for s in sequences]
-        plan = plan_minibatches(
-            lengths, cfg.mini_batch_size, cfg.micro_batch_size, SEED + 1000 * iteration
-        )
-        for mini in plan:
+        sequences, _ = build_sequences(rows, cfg.pack_trajectories)
+        for mini in plan(self.trainer, sequences, iteration):
             micros = [[sequences[i] for i in mb] for mb in mini]
             tokens = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
             steps = sum(len(q.spans) for seqs in micros for q in seqs)
             for seqs in micros:
-                self._micro(collate(seqs, rows, self.pad_id), tokens, steps)
+                self._micro(self.trainer._collate(seqs, rows), tokens, steps)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
     def _micro(self, batch, token_count: int, step_count: int) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.dtype == "bfloat16"):
+        with self.trainer._autocast():
             logits, _ = self.module(
                 batch.input_ids, batch.attention_mask, batch.position_ids, batch.token_pos
             )
@@ -156,80 +148,79 @@ class PlainLoop:
         loss.backward()
 
 
-def micro_shapes(rows: list[TrainRow], cfg: TrainerSection, plan_fn) -> list[tuple[int, int]]:
-    """(padded width, sequences) of every micro-batch of iteration 1's plan."""
-    lengths = [len(s.input_ids) for s in build_sequences(rows, pack=False)[0]]
-    plan = plan_fn(lengths, cfg.mini_batch_size, cfg.micro_batch_size, SEED + 1000)
-    return [(max(lengths[i] for i in mb), len(mb)) for mini in plan for mb in mini]
+def plan(trainer: PolicyTrainer, sequences, iteration: int) -> list[list[list[int]]]:
+    """The trainer's own mini/micro-batch plan for epoch 0 of `iteration`."""
+    cfg = trainer.cfg
+    tokens = [s.input_ids for s in sequences]
+    seed = trainer.seed + 1000 * iteration
+    return plan_minibatches(tokens, cfg.mini_batch_size, cfg.micro_batch_size, seed, trainer._tree)
 
 
-def print_padding(rows: list[TrainRow], cfg: TrainerSection, label: str) -> None:
-    lengths = [len(s.input_ids) for s in build_sequences(rows, pack=False)[0]]
-    args = (lengths, cfg.mini_batch_size, cfg.micro_batch_size, SEED + 1000)
-    before, after = (
-        padding_share(lengths, unsorted_plan(*args)),
-        padding_share(lengths, plan_minibatches(*args)),
-    )
-    print(
-        f"padding, {label} ({len(rows)} rows, micro {cfg.micro_batch_size}, mini "
-        f"{cfg.mini_batch_size}): pad/real tokens {before:.1%} unbucketed -> {after:.1%} "
-        f"length-bucketed ({(1 + before) / (1 + after):.2f}x fewer processed tokens)"
-    )
+def micro_shapes(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[tuple[int, int]]:
+    """(width, sequences) of each micro-batch the trainer runs: a padded batch's longest
+    sequence and its count, or a prefix tree's positions and 1."""
+    sequences, _ = build_sequences(rows, trainer.cfg.pack_trajectories)
+    shapes = []
+    for mini in plan(trainer, sequences, 1):
+        for micro in mini:
+            seqs = [sequences[i] for i in micro]
+            if trainer._tree is not None:
+                shapes.append((collate_tree(seqs, rows).input_ids.shape[1], 1))
+            else:
+                shapes.append((max(len(q.input_ids) for q in seqs), len(seqs)))
+    return shapes
 
 
-def time_paths(trainer: PolicyTrainer, plain: PlainLoop, rows, repeats: int) -> dict:
-    """Warm up each path on two rows (kernels, optimizer state), then best of `repeats` full
-    updates, the two paths alternating. Also the CPU cores this process actually got."""
+@dataclass
+class Result:
+    """One variant's best update and what it processed."""
+
+    name: str
+    seconds: float
+    trained_tokens: int
+    processed_tokens: int
+    flops: float  # processed, incl. padding / tree attention
+    plain_seconds: float | None = None
+
+
+def run_variant(
+    name: str, model: Path, cfg: TrainerSection, rows, repeats: int, plain: bool
+) -> Result:
+    """Build a trainer for `cfg`, warm it up on two rows, then best of `repeats` updates (and
+    the plain torch loop on the same batches, alternating, when `plain`)."""
+    trainer = PolicyTrainer(model, cfg, TEMPERATURE, SEED)
+    loop = PlainLoop(trainer) if plain else None
     trainer.update(rows[:2], iteration=1)
-    plain.update(rows[:2], iteration=1)
+    if loop is not None:
+        loop.update(rows[:2], iteration=1)
     trainer.engine.zero_grad()
-    best = {"deepspeed": float("inf"), "plain": float("inf")}
-    wall, cpu = time.perf_counter(), time.process_time()
+    best, plain_best = float("inf"), float("inf")
     for it in range(1, repeats + 1):
         metrics = trainer.update(rows, iteration=1)
-        plain_s = plain.update(rows, iteration=1)
-        print(
-            f"  round {it}: deepspeed {metrics.seconds:.2f} s, plain {plain_s:.2f} s, "
-            f"ratio {metrics.seconds / plain_s:.3f}",
-            flush=True,
-        )
-        best["deepspeed"] = min(best["deepspeed"], metrics.seconds)
-        best["plain"] = min(best["plain"], plain_s)
-    cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
-    return best | {"metrics": metrics, "cores": cores}
-
-
-def print_flops(trainer: PolicyTrainer, rows, cfg: TrainerSection, best: dict) -> None:
+        best = min(best, metrics.seconds)
+        line = f"  {name} round {it}: {metrics.seconds:.2f} s"
+        if loop is not None:
+            plain_s = loop.update(rows, iteration=1)
+            plain_best = min(plain_best, plain_s)
+            line += f", plain torch {plain_s:.2f} s"
+        print(line, flush=True)
+    shapes = micro_shapes(trainer, rows)
     fm = FlopModel.of(trainer.engine.module)
-    logits = sum(len(r.response_ids) for r in rows)
-    shapes = micro_shapes(rows, cfg, plan_minibatches)
-    real = [(len(r.prompt_ids) + len(r.response_ids), 1) for r in rows]
-    hw, useful = fm.train_flops(shapes, logits), fm.train_flops(real, logits)
-    fp32, bf16 = best["fp32"], best["bf16"]
-    roof = bf16 if cfg.dtype == "bfloat16" else fp32
-    print(
-        f"matmul roofline here (2048², 256² with --smoke; best of before/after): fp32 "
-        f"{fp32:.0f} GFLOP/s, bf16 {bf16:.0f} GFLOP/s (using {cfg.dtype}: {roof:.0f})"
-    )
-    print(
-        f"update FLOPs (3 × forward): {hw / 1e12:.2f} TFLOP processed (incl. padding), "
-        f"{useful / 1e12:.2f} TFLOP on real tokens"
-    )
-    for name in ("deepspeed", "plain"):
-        sec = best[name]
-        print(
-            f"  {name:>9}: {hw / sec / 1e9:6.0f} GFLOP/s processed = {hw / sec / 1e9 / roof:.0%}"
-            f" of roofline; model FLOP utilisation (real tokens) {useful / sec / 1e9 / roof:.0%}"
-        )
+    flops = fm.train_flops(shapes, metrics.trained_tokens)
+    result = Result(
+        name, best, metrics.trained_tokens, metrics.padded_tokens, flops,
+        plain_best if loop is not None else None,
+    )  # fmt: skip
+    del trainer, loop
+    return result
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--rows", type=int, default=8, help="step rows per update")
-    parser.add_argument("--micro", type=int, default=4)
-    parser.add_argument("--mini", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after warm-up")
+    parser.add_argument("--rows", type=int, default=32, help="step rows per update")
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after warm-up")
+    parser.add_argument("--tree-tokens", type=int, default=1024, help="trainer.micro_batch_tokens")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument(
@@ -240,8 +231,8 @@ def parse_args() -> argparse.Namespace:
         "parallel op waits for a thread the OS has given to another process",
     )
     args = parser.parse_args()
-    if args.smoke:  # 4 short rows, one timed round
-        args.rows, args.micro, args.mini, args.repeats = 4, 2, 4, 1
+    if args.smoke:  # 8 short rows, one timed round
+        args.rows, args.repeats, args.tree_tokens = 8, 1, 256
     return args
 
 
@@ -249,54 +240,85 @@ def main() -> int:
     args = parse_args()
     if not prepare(args):
         return 0
-    cfg = TrainerSection(
-        dtype=resolve_compute_dtype(args.dtype, "cpu"),  # the plain baseline needs the real one
-        learning_rate=5e-6,
-        micro_batch_size=args.micro,
-        mini_batch_size=args.mini,
-        save_deepspeed_state=False,
+    common = {
+        "dtype": resolve_compute_dtype(args.dtype, "cpu"),  # the plain loop needs the real one
+        "learning_rate": 5e-6,
+        "mini_batch_size": 64,
+        "save_deepspeed_state": False,
+    }
+    before = TrainerSection(
+        **common, micro_batch_size=8, pack_trajectories=False, shared_prefix=False
     )
-    trainer = PolicyTrainer(args.model, cfg, TEMPERATURE, SEED)
-    plain = PlainLoop(trainer.engine.module, cfg, trainer.pad_id)
-    vocab = trainer.engine.module.lm.config.vocab_size
+    after = TrainerSection(**common, micro_batch_size=64, micro_batch_tokens=args.tree_tokens)
+    after_lora = after.model_copy(update={"lora": LoraSection()})
+    vocab = _vocab(args.model)
     rows = synthetic_rows(args.rows, vocab, SEED)
-    demo_cfg = TrainerSection(micro_batch_size=8, mini_batch_size=64)
     print(
-        f"{args.model.name}, {cfg.dtype}, {torch.get_num_threads()} threads, ZeRO "
-        f"{cfg.zero_stage}; {len(rows)} rows: prompts {min(len(r.prompt_ids) for r in rows)}-"
-        f"{max(len(r.prompt_ids) for r in rows)} tokens, responses "
-        f"{np.mean([len(r.response_ids) for r in rows]):.1f} tokens mean"
+        f"{args.model.name}, {common['dtype']}, {torch.get_num_threads()} threads; {len(rows)} "
+        f"rows ({len({r.trajectory_id for r in rows})} trajectories): prompts "
+        f"{min(len(r.prompt_ids) for r in rows)}-{max(len(r.prompt_ids) for r in rows)} tokens, "
+        f"responses {np.mean([len(r.response_ids) for r in rows]):.1f} tokens mean"
     )
-    print_padding(synthetic_rows(64, vocab, SEED), demo_cfg, "calculator_grpo batching")
-    print_padding(rows, cfg, "timed set")
-    size = 256 if args.smoke else 2048  # the roofline matmul
-
-    def roof() -> tuple[float, float]:
-        return matmul_gflops(torch.float32, size), matmul_gflops(torch.bfloat16, size)
-
-    roofs = [roof()]
-    best = time_paths(trainer, plain, rows, args.repeats)
-    roofs.append(roof())
-    best |= {"fp32": max(r[0] for r in roofs), "bf16": max(r[1] for r in roofs)}
+    size = 256 if args.smoke else 2048
+    roofs = [(matmul_gflops(torch.float32, size), matmul_gflops(torch.bfloat16, size))]
+    wall, cpu = time.perf_counter(), time.process_time()
+    results = [
+        run_variant("before", args.model, before, rows, args.repeats, plain=False),
+        run_variant("after", args.model, after, rows, args.repeats, plain=True),
+        run_variant("after, LoRA", args.model, after_lora, rows, args.repeats, plain=False),
+    ]
+    cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    roofs.append((matmul_gflops(torch.float32, size), matmul_gflops(torch.bfloat16, size)))
+    fp32, bf16 = max(r[0] for r in roofs), max(r[1] for r in roofs)
+    roof = bf16 if common["dtype"] == "bfloat16" else fp32
     print(
-        f"CPU this process got while timed: {best['cores']:.2f} of "
-        f"{torch.get_num_threads()} threads (the box is shared: other jobs take the rest)"
+        f"CPU this process got while timed: {cores:.2f} of {torch.get_num_threads()} threads; "
+        f"matmul roofline here ({size}², best of before/after): fp32 {fp32:.0f} GFLOP/s, bf16 "
+        f"{bf16:.0f} GFLOP/s (using {common['dtype']}: {roof:.0f})"
     )
-    m = best["metrics"]
-    real = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    fm = FlopModel.of(PolicyModule(_lm(args.model), value_head=False))
+    real = [(len(r.prompt_ids) + len(r.response_ids), 1) for r in rows]
+    unshared = fm.train_flops(real, results[0].trained_tokens)
     print(
-        f"trainer metrics: trained_tokens {m.trained_tokens}, padded_tokens {m.padded_tokens} "
-        f"(processed; {m.padded_tokens / real - 1:.1%} over the {real} real tokens)"
+        f"{'variant':>12} {'seconds':>8} {'trained tok/s':>14} {'processed tok':>14} "
+        f"{'HW util':>8} {'MFU (rows)':>11}"
     )
-    for name in ("deepspeed", "plain"):
+    for r in results:
         print(
-            f"  {name:>9}: best {best[name]:.2f} s, {m.trained_tokens / best[name]:.0f} trained "
-            f"tokens/s, {m.padded_tokens / best[name]:.0f} processed tokens/s"
+            f"{r.name:>12} {r.seconds:8.2f} {r.trained_tokens / r.seconds:14.1f} "
+            f"{r.processed_tokens:14d} {r.flops / r.seconds / 1e9 / roof:8.0%} "
+            f"{unshared / r.seconds / 1e9 / roof:11.0%}"
         )
-    overhead = best["deepspeed"] / best["plain"] - 1.0
-    print(f"DeepSpeed PolicyTrainer overhead vs plain torch: {overhead:+.1%} (goal <= 10%)")
-    print_flops(trainer, rows, cfg, best)
+    print(
+        "HW util: FLOPs processed (incl. padding and tree attention) per second / roofline; "
+        "MFU (rows): the FLOPs the rows need trained one by one, unpadded and unshared, per "
+        "second / roofline (above 100 % means work was shared)"
+    )
+    base = results[0]
+    for r in results[1:]:
+        print(
+            f"{r.name} vs before: {base.seconds / r.seconds:.2f}x trained tokens/s, "
+            f"{base.processed_tokens / r.processed_tokens:.2f}x fewer processed tokens"
+        )
+    plain = results[1]
+    overhead = plain.seconds / plain.plain_seconds - 1.0
+    print(
+        f"DeepSpeed PolicyTrainer overhead vs plain torch: {overhead:+.1%} (after: "
+        f"{plain.seconds:.2f} s vs {plain.plain_seconds:.2f} s; goal <= 10%)"
+    )
     return 0
+
+
+def _lm(model: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+
+
+def _vocab(model: Path) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model).vocab_size
 
 
 if __name__ == "__main__":
