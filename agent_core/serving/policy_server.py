@@ -1,20 +1,28 @@
 """The FastAPI app of the policy server (/v1/chat/completions, /v1/completions, /v1/models,
-and the same under /episodes/<id>/v1 for agent rollouts), and a uvicorn server in a thread."""
+the same under /episodes/<id>/v1 for agent rollouts, and the token-guarded /steprl/reload of a
+checkpoint folder), and a uvicorn server in a thread."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agent_core.serving.schema import ChatCompletion, ChatCompletionRequest, CompletionRequest
+from agent_core.serving.schema import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ReloadRequest,
+)
 from agent_core.serving.service import CallSink, PolicyService, ServerSettings
 
 if TYPE_CHECKING:
@@ -66,6 +74,22 @@ def build_app(service: PolicyService, episodes: SinkLookup | None = None) -> Fas
             return (await service.complete(req)).model_dump()
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+
+    @app.post("/steprl/reload")
+    async def reload(req: ReloadRequest, authorization: str = Header("")) -> dict[str, Any]:
+        token = service.settings.reload_token
+        if not token:
+            raise HTTPException(
+                403, "weight reload is off: start steprl serve-policy with --reload-token-env "
+                "NAME, NAME being an environment variable that holds the token",
+            )  # fmt: skip
+        if not secrets.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+            raise HTTPException(401, "reload needs 'Authorization: Bearer <the reload token>'")
+        try:
+            seconds = await service.reload(Path(req.path), req.policy_version)
+        except (ValueError, FileNotFoundError) as exc:
+            raise HTTPException(400, str(exc)) from None
+        return {"policy_version": req.policy_version, "seconds": seconds}
 
     @app.get("/v1/models")
     @app.get("/episodes/{episode_id}/v1/models")
@@ -137,10 +161,10 @@ def serve_policy(
     """Serve a checkpoint of `cfg`'s run ('base', 'latest', 'iter_0003', or a model folder)
     with the run's rollout engine settings, until interrupted (blocking)."""
     from agent_core.evaluation import resolve_checkpoint
-    from agent_core.runtime import new_engine
+    from agent_core.runtime import hf_engine
 
     folder, version, _ = resolve_checkpoint(cfg, checkpoint)
-    engine = new_engine(cfg, folder)
+    engine = hf_engine(cfg, folder)
     engine.policy_version = version
     service = PolicyService(engine, engine.tokenizer, settings)
     print(f"serving {folder} (policy version {version}) at http://{host}:{port}/v1", flush=True)

@@ -46,9 +46,20 @@ class ChatCompletionRequest(_Request):
 class CompletionRequest(_Request):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int] = Field(..., description="Text(s) or token ids.")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="Text(s), token ids, or several prompts' token ids."
+    )
     logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token.")
     echo: bool = Field(False, description="Echo is not supported; must be false.")
+
+
+class ReloadRequest(BaseModel):
+    """POST /steprl/reload: load an HF checkpoint folder's weights into the served engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(..., description="The checkpoint folder, as this server's machine sees it.")
+    policy_version: int = Field(..., ge=0, description="Policy version the weights are.")
 
 
 class TokenLogprob(BaseModel):
@@ -103,6 +114,9 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: Literal["stop", "length"]
+    stop_reason: str | None = Field(
+        None, description="The stop string that ended it (vLLM's field); None at EOS or length."
+    )
     logprobs: CompletionLogprobs | None = None
     prompt_token_ids: list[int]
     token_ids: list[int]

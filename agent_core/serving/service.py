@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -50,6 +51,11 @@ class ServerSettings(BaseModel):
     )
     max_batch: int = Field(64, ge=1, description="Most sequences gathered into one engine call.")
     tool_prompt: str = Field("hermes", description="How tools enter the prompt (AgentFlow).")
+    reload_token: str = Field(
+        "",
+        repr=False,
+        description="Bearer token POST /steprl/reload requires; '' = reloading is refused.",
+    )
 
 
 class CallSink(Protocol):
@@ -141,20 +147,34 @@ class PolicyService:
         gens = await self.batcher.generate(batch, params, req.seed is not None)
         choices = []
         for index, (prompt_ids, gen) in enumerate(zip(batch, gens, strict=True)):
-            _, text = self._text(gen, params.stop_strings)
+            full, text = self._text(gen, params.stop_strings)
+            stop = [s for s in params.stop_strings if s and s in full]
+            stop_reason = stop[0] if gen.finish_reason == "stop" and stop else None
             logprobs = None
             if req.logprobs is not None:
                 logprobs = await self._completion_logprobs(prompt_ids, gen, req, params)
             choices.append(CompletionChoice(
                 index=index, text=text, finish_reason=FINISH[gen.finish_reason],
-                logprobs=logprobs, prompt_token_ids=prompt_ids, token_ids=gen.token_ids,
-                token_logprobs=gen.logprobs,
+                stop_reason=stop_reason, logprobs=logprobs, prompt_token_ids=prompt_ids,
+                token_ids=gen.token_ids, token_logprobs=gen.logprobs,
             ))  # fmt: skip
         return Completion(
             id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=req.model,
             choices=choices, usage=_usage([t for p in prompts for t in p], gens),
             policy_version=self.engine.policy_version,
         )  # fmt: skip
+
+    async def reload(self, folder: Path, policy_version: int) -> float:
+        """Load the HF checkpoint `folder` into the engine between batches; returns seconds."""
+        from agent_core.runtime import folder_state_dict
+
+        if not folder.is_dir():
+            raise ValueError(f"no checkpoint folder {folder} on the server's machine")
+        start = time.perf_counter()
+        await self.batcher.exclusive(
+            lambda: self.engine.load_weights(folder_state_dict(folder), policy_version)
+        )
+        return time.perf_counter() - start
 
     async def _token_logprobs(
         self, prompt_ids: list[int], gen: Generation, temperature: float, k: int
@@ -218,6 +238,8 @@ def _prompt_ids(tokenizer: Any, prompt: str | list[str] | list[int]) -> list[lis
         prompt = [prompt]
     if prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]  # type: ignore[arg-type]
+    if prompt and all(isinstance(p, list) for p in prompt):
+        return [list(p) for p in prompt]  # type: ignore[union-attr]
     return [tokenizer.encode(p, add_special_tokens=False) for p in prompt]  # type: ignore[arg-type]
 
 

@@ -23,7 +23,7 @@ class SyncResult(BaseModel):
 
     iteration: int
     policy_version: int
-    mode: str = Field(description="'in-process', 'checkpoint' or 'object_store'.")
+    mode: str = Field(description="'in-process', 'server', 'checkpoint' or 'object_store'.")
     workers: int
     seconds: float
 
@@ -53,8 +53,14 @@ def collect(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> Shard
 
 def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
     """Make every rollout engine hold policy `iteration` before it samples again: the
-    in-process engine takes the trainer's weights in memory (done by the update itself);
-    workers load the checkpoint folder, or read the weights once put into Ray's object store."""
+    in-process engine takes the trainer's weights in memory (done by the update itself); a
+    server engine's server loads the checkpoint folder; workers load the checkpoint folder, or
+    read the weights once put into Ray's object store."""
+    if cfg.rollout.workers == 0 and cfg.rollout.engine != "hf":  # the server loads the folder
+        weights = phases.policy_weights(run, iteration)
+        seconds = runtime.sync_server_engine(cfg, Path(run.run_dir), iteration, weights)
+        return SyncResult(iteration=iteration, policy_version=iteration, mode="server",
+                          workers=0, seconds=seconds)  # fmt: skip
     if cfg.rollout.workers == 0:
         return SyncResult(iteration=iteration, policy_version=iteration, mode="in-process",
                           workers=0, seconds=0.0)  # fmt: skip

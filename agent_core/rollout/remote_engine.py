@@ -1,0 +1,178 @@
+"""`RemoteRolloutEngine`: the `RolloutEngine` contract over an OpenAI-compatible server's
+/v1/completions spoken in token ids (prompt ids in; sampled ids and their log-probs out, no
+text round-trip), and the server's reload of each new checkpoint folder."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from transformers import AutoTokenizer
+
+from agent_core.rollout.engine import FinishReason, Generation, SamplingParams
+
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's token strings under return_tokens_as_token_ids
+
+
+class RemoteEngineError(RuntimeError):
+    """The server could not be reached, refused a request, or cannot reload weights."""
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """Where the server is and how to talk to it (from rollout.remote or rollout.vllm)."""
+
+    base_url: str
+    model: str = "policy"
+    api_key: str = ""
+    timeout_s: float = 600.0
+    max_concurrency: int = 8
+    prompts_per_request: int = 64
+    send_seed: bool = True
+    weight_sync: str = "steprl"
+
+
+class RemoteRolloutEngine:
+    """Samples through a server; tokenizes nothing itself (the loop's `tokenizer`, read from
+    the policy folder, only builds prompts). Weights move as checkpoint folders the server
+    reads (`load_checkpoint`), never as tensors over HTTP; `close` stops an owned server."""
+
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        tokenizer_path: str | Path,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self.client = httpx.Client(
+            base_url=settings.base_url, headers=headers, timeout=settings.timeout_s
+        )
+        self.policy_version = 0
+        self.sync_seconds: list[float] = []  # one entry per reload, for reports and benches
+        self._on_close = on_close
+
+    # ------------------------------------------------------------ generation
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One response per prompt: requests of `prompts_per_request` prompts, up to
+        `max_concurrency` of them in flight."""
+        if not prompts:
+            return []
+        size = self.settings.prompts_per_request
+        chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
+        bodies = [self._body(chunk, params, params.seed + i) for i, chunk in enumerate(chunks)]
+        workers = min(self.settings.max_concurrency, len(bodies))
+        if workers == 1:
+            answers = [self._post("/v1/completions", body) for body in bodies]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="remote-engine") as pool:
+                answers = list(pool.map(lambda b: self._post("/v1/completions", b), bodies))
+        out: list[Generation] = []
+        for chunk, answer in zip(chunks, answers, strict=True):
+            choices = sorted(answer.get("choices", []), key=lambda c: c["index"])
+            if len(choices) != len(chunk):
+                raise RemoteEngineError(
+                    f"{self.settings.base_url} answered {len(choices)} choices for "
+                    f"{len(chunk)} prompts"
+                )
+            out.extend(_generation(c) for c in choices)
+        return out
+
+    def _body(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> dict:
+        body: dict[str, Any] = {
+            "model": self.settings.model,
+            "prompt": prompts,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "n": 1,
+            "stop": list(params.stop_strings) or None,
+            "logprobs": 0,  # the sampled token's own log-prob, no alternatives
+            # vLLM: sampled ids as ids (steprl's server always returns token_ids)
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if self.settings.send_seed:
+            body["seed"] = seed
+        return body
+
+    def _post(self, path: str, body: dict) -> dict:
+        url = f"{self.settings.base_url}{path}"
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.TimeoutException:
+            raise RemoteEngineError(
+                f"{url} did not answer within {self.settings.timeout_s:g} s (rollout timeout_s)"
+            ) from None
+        except httpx.TransportError as exc:
+            raise RemoteEngineError(
+                f"cannot reach the rollout server at {url} ({exc}): is it running, and is "
+                "rollout.remote.base_url right?"
+            ) from None
+        if response.status_code >= 400:
+            raise RemoteEngineError(f"{url} answered {response.status_code}: {response.text}")
+        return response.json() if response.content else {}
+
+    # ------------------------------------------------------------ weights
+
+    def load_checkpoint(self, folder: Path, policy_version: int) -> None:
+        """Make the server load the HF checkpoint folder `folder` (a path the server's machine
+        sees: a shared run folder) and tag it `policy_version`."""
+        start = time.perf_counter()
+        path = str(Path(folder).resolve())
+        sync = self.settings.weight_sync
+        if sync == "steprl":
+            self._post("/steprl/reload", {"path": path, "policy_version": policy_version})
+        elif sync == "vllm":
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            self._post("/collective_rpc", rpc)
+            self._post("/reset_prefix_cache", {})  # cached prefixes hold the old weights' KV
+        else:
+            raise RemoteEngineError(
+                f"the rollout server at {self.settings.base_url} cannot reload weights "
+                "(rollout.remote.weight_sync='none'), so it would keep sampling the old policy: "
+                "use a server that can ('steprl' or 'vllm'), or evaluate only"
+            )
+        self.policy_version = policy_version
+        self.sync_seconds.append(time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Drop the connection pool; stop the server when this engine started it."""
+        self.client.close()
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+
+def _generation(choice: dict) -> Generation:
+    """A choice of steprl's server (`token_ids`, `token_logprobs`) or vLLM's (`token_ids`, or
+    `logprobs.tokens` as 'token_id:N'; `logprobs.token_logprobs`) as a `Generation`."""
+    logprobs = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    if ids is None and logprobs.get("tokens") is not None:
+        ids = [int(t.removeprefix(TOKEN_ID_PREFIX)) for t in logprobs["tokens"]]
+    lps = choice.get("token_logprobs")
+    if lps is None:
+        lps = logprobs.get("token_logprobs")
+    if ids is None or lps is None or len(ids) != len(lps):
+        raise RemoteEngineError(
+            "the server's completion choice lacks sampled token ids with one log-prob each "
+            f"(keys: {sorted(choice)}): it must return token_ids (or logprobs.tokens as "
+            "token ids) and logprobs.token_logprobs"
+        )
+    return Generation(list(ids), [float(x) for x in lps], _finish(choice))
+
+
+def _finish(choice: dict) -> FinishReason:
+    """'stop' when a stop string ended it (vLLM and steprl name it in `stop_reason`), 'length'
+    at the token budget, otherwise the end-of-sequence token."""
+    if isinstance(choice.get("stop_reason"), str):
+        return "stop"
+    return "length" if choice.get("finish_reason") == "length" else "eos"

@@ -1,0 +1,114 @@
+"""`VLLMServer`: a vLLM OpenAI server run as a subprocess from its own Python environment
+(rollout.vllm.python), started on a policy folder, waited for, and stopped with its children."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from configs.rollout_engines import VLLMEngineSection
+
+SERVED_NAME = "policy"
+_LOG_TAIL = 3000  # characters of the server's log quoted in an error
+
+
+class VLLMServer:
+    """One `vllm.entrypoints.openai.api_server` process; `startup_seconds` says how long it
+    took to answer /health. Dev mode is on (VLLM_SERVER_DEV_MODE=1) for /collective_rpc
+    (in-place weight reload) and /reset_prefix_cache; log-probs are 'processed_logprobs',
+    those of the temperature-scaled distribution the sampler draws from."""
+
+    served_name = SERVED_NAME
+
+    def __init__(self, cfg: VLLMEngineSection, model: Path, dtype: str, seed: int) -> None:
+        python = Path(cfg.python)
+        if not python.is_file():
+            raise FileNotFoundError(
+                f"rollout.vllm.python={cfg.python} does not exist: run `make vllm-env` (it "
+                "creates .vllm-venv with vLLM), or point rollout.vllm.python at a Python that "
+                "has vllm installed"
+            )
+        self.port = cfg.port or _free_port(cfg.host)
+        self.base_url = f"http://{cfg.host}:{self.port}"
+        command = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(Path(model).resolve()), "--served-model-name", SERVED_NAME,
+            "--host", cfg.host, "--port", str(self.port), "--dtype", dtype,
+            "--seed", str(seed), "--max-model-len", str(cfg.max_model_len),
+            "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs",
+            *cfg.extra_args,
+        ]  # fmt: skip
+        env = os.environ | {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gb),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        self.log = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        start = time.perf_counter()
+        with self.log.open("wb") as log:  # the child keeps its own handle
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        atexit.register(self.stop)
+        try:
+            self._wait_ready(cfg.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.perf_counter() - start
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the vLLM server exited with code {self.process.returncode} before it "
+                    f"was ready; its log ({self.log}) ends:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=5.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet
+            time.sleep(1.0)
+        raise TimeoutError(
+            f"the vLLM server did not answer {self.base_url}/health within {timeout_s:g} s "
+            f"(rollout.vllm.startup_timeout_s); its log ({self.log}) ends:\n{self.log_tail()}"
+        )
+
+    def log_tail(self) -> str:
+        """The end of the server's output."""
+        text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        return text[-_LOG_TAIL:]
+
+    def stop(self) -> None:
+        """Stop the server and the engine processes it spawned (SIGTERM, then SIGKILL)."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        atexit.unregister(self.stop)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)  # the server leads its own session: its children go too
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
