@@ -1,0 +1,46 @@
+"""The engines judge terms generate with: the policy's own rollout engine for `model: policy`
+(no second copy of its weights), else one engine per judge model folder, built once per process
+and kept (a judge's weights never change).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from agent_core.judge import JudgeEngine
+from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.runtime import wants_cuda
+from configs.judge import JUDGE_POLICY
+from configs.run_config import RunConfig
+
+_FOLDER_ENGINES: dict[str, HFRolloutEngine] = {}
+_GUARD = threading.Lock()
+
+
+def folder_engine(cfg: RunConfig, folder: str) -> HFRolloutEngine:
+    """The process's engine for the judge model `folder` (steprl's own engine, with the run's
+    dtype, device and thread settings)."""
+    key = str(Path(folder).resolve())
+    with _GUARD:
+        if key not in _FOLDER_ENGINES:
+            r = cfg.rollout
+            _FOLDER_ENGINES[key] = HFRolloutEngine(
+                key,
+                r.dtype,
+                "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu",
+                r.threads,
+                fused=r.fused_forward,
+                share_prefix=r.share_prompt_prefix,
+                pack_weights=r.pack_weights,
+            )
+        return _FOLDER_ENGINES[key]
+
+
+def judge_engines(
+    cfg: RunConfig, policy: Callable[[], JudgeEngine]
+) -> Callable[[str], JudgeEngine]:
+    """A judge term's `model` -> its engine: `policy()` for 'policy' (called only when a term
+    asks for it), else the folder's cached engine."""
+    return lambda model: policy() if model == JUDGE_POLICY else folder_engine(cfg, model)
