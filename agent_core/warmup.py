@@ -15,6 +15,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from agent_core import runtime
+from agent_core.envs import env_class
 from agent_core.iteration import RunHandle, make_loop, train_tasks, warmup_dir
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards import group_trajectories
@@ -40,13 +41,14 @@ class WarmupResult(BaseModel):
 
 
 def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
-    """Demonstration steps from the env's solver on training seeds (successful episodes only).
-    Returns rows, episodes played and the solver's success rate."""
+    """Demonstration steps from the env's solver on training seeds (the episodes its
+    `keep_demonstration` keeps: by default the successful ones). Returns rows, episodes
+    played and the solver's success rate."""
     tasks = train_tasks(cfg, WARMUP_STREAM, cfg.warmup.tasks)
     loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
     steps, stats = loop.run(tasks, 1, RolloutMeta("warmup", 0, 0, cfg.env.name), solver=True)
     trajectories = list(group_trajectories(steps).values())
-    good = [t for t in trajectories if t[-1].success]
+    good = [t for t in trajectories if env_class(cfg.env.name).keep_demonstration(t)]
     rows = [
         TrainRow(
             s.prompt_ids,
@@ -61,7 +63,8 @@ def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
         for t in good
         for s in t
     ]
-    return rows, stats.episodes, len(good) / max(1, len(trajectories))
+    successes = sum(t[-1].success for t in trajectories)
+    return rows, stats.episodes, successes / max(1, len(trajectories))
 
 
 def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
@@ -105,7 +108,10 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     else:
         rows, episodes, success = file_rows(cfg.warmup.path or "")
     if not rows:
-        raise RuntimeError("warm-up found no successful demonstration to learn from")
+        raise RuntimeError(
+            "warm-up has no demonstration to learn from (solver: the env's "
+            "keep_demonstration kept none of its episodes; file: no successful trajectory)"
+        )
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
     trainer.save(ckpt, {"iteration": 0, "policy_version": 0, "warmup": True, "metrics": metrics})
     if isinstance(trainer, TrainerGroup):

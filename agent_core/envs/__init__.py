@@ -13,6 +13,7 @@ from agent_core.envs.numberline import NumberLineEnv
 from agent_core.envs.qa import QAEnv
 from agent_core.envs.search import SearchEnv
 from agent_core.envs.tool_env import ToolEnv
+from agent_core.records import Task
 from agent_core.registry import resolve_subclass
 from agent_core.tools import make_tool
 
@@ -33,6 +34,25 @@ def env_class(name: str) -> type[AgentEnv]:
     return resolve_subclass("env", name, ENVS, AgentEnv)
 
 
+def constructor_arguments(
+    cls: type[AgentEnv],
+    max_steps: int,
+    few_shot: bool,
+    kwargs: dict[str, Any],
+    tool_options: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What `make_env` passes to the env's constructor besides `context`: max_steps, few_shot
+    (when it takes one), its own tools' settings (when it builds them) and `env.kwargs`."""
+    accepted = inspect.signature(cls).parameters
+    options = {"max_steps": max_steps, **kwargs}
+    if "few_shot" in accepted:
+        options.setdefault("few_shot", few_shot)
+    for param, tool in TOOL_SETTINGS.items():  # an env's own tools take their tool's settings
+        if param in accepted:
+            options.setdefault(param, dict((tool_options or {}).get(tool, {})))
+    return options
+
+
 def make_env(
     name: str,
     max_steps: int,
@@ -42,26 +62,29 @@ def make_env(
     tools: list[str] | None = None,
     tool_options: dict[str, dict[str, Any]] | None = None,
 ) -> AgentEnv:
-    """Build one env instance from config values (a fresh context policy per episode; extra
-    tools for tool-using envs, each built with its `tool_options` entry)."""
+    """Build one env instance from config values (a fresh context policy per episode, given
+    to the constructor when it takes `context`, else set on the env; extra tools for
+    tool-using envs, each built with its `tool_options` entry)."""
     cls = env_class(name)
-    options = dict(kwargs)
-    accepted = inspect.signature(cls).parameters
-    if "context" in accepted:
-        options["context"] = make_context_policy(context)
-    elif context != "full":
+    if context != "full" and not cls.takes_context:
         raise ValueError(f"env {name!r} takes no context policy; leave env.context at 'full'")
-    if "few_shot" in accepted:
-        options.setdefault("few_shot", few_shot)
-    for param, tool in TOOL_SETTINGS.items():  # an env's own tools take their tool's settings
-        if param in accepted:
-            options.setdefault(param, dict((tool_options or {}).get(tool, {})))
-    env = cls(max_steps=max_steps, **options)
+    options = constructor_arguments(cls, max_steps, few_shot, kwargs, tool_options)
+    policy = make_context_policy(context)
+    takes_it = "context" in inspect.signature(cls).parameters
+    env = cls(**options, **({"context": policy} if takes_it else {}))
+    if not takes_it:
+        env.context = policy
     if tools:
         if not isinstance(env, ToolEnv):
             raise ValueError(f"env {name!r} does not use tools; leave env.tools empty")
         env.add_tools([make_tool(t, tool_options) for t in tools])
     return env
+
+
+def make_tasks(name: str, seeds: list[int], task_options: dict[str, Any]) -> list[Task]:
+    """The env's task instances for `seeds`: `make_task(seed, **env.task_options)`."""
+    cls = env_class(name)
+    return [cls.make_task(seed, **task_options) for seed in seeds]
 
 
 __all__ = [
@@ -73,6 +96,8 @@ __all__ = [
     "QAEnv",
     "SearchEnv",
     "ToolEnv",
+    "constructor_arguments",
     "env_class",
     "make_env",
+    "make_tasks",
 ]

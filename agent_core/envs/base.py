@@ -1,50 +1,103 @@
-"""The environment contract: `AgentEnv.reset(task) -> Observation`, `step(action) -> StepResult`.
+"""The environment contract: `AgentEnv.reset(task[, rng]) -> Observation`, `step(action) ->
+StepResult`, and the message history that the configured context policy selects from.
 
-An env also knows its task distribution (`make_task(seed)`) and may expose `anchor_key()`, a
-hashable summary of its current state for step-level grouping (GiGPO).
+An env also knows its task distribution (`make_task(seed, **task_options)`) and may expose
+`anchor_key()`, a hashable summary of its current state for step-level grouping (GiGPO).
 """
 
 from __future__ import annotations
 
+import inspect
+import random
 from abc import ABC, abstractmethod
+from functools import cache
 from typing import ClassVar
 
-from agent_core.context import ContextServices
-from agent_core.records import Action, Observation, StepResult, Task
+from agent_core.context import ContextPolicy, ContextServices, FullHistory
+from agent_core.records import Action, Message, Observation, Step, StepResult, Task
 
 
 class AgentEnv(ABC):
-    """One episode at a time; create one instance per concurrent episode."""
+    """One episode at a time; create one instance per concurrent episode.
+
+    An env that keeps its messages in `history` (`start_history` in reset, appends in step,
+    `observe()` for each observation) gets every context policy of `env.context` for free.
+    """
 
     name: ClassVar[str]
     #: text that ends a reply early (the env acts on what came before it)
     stop_strings: ClassVar[tuple[str, ...]] = ()
+    #: reward terms (name, weight) used when the config leaves `reward.terms` unset
+    reward_terms: ClassVar[tuple[tuple[str, float], ...]] = ()
+    #: False for an env that builds its observations itself instead of with `observe`: a
+    #: context policy other than 'full' is then refused at config load
+    takes_context: ClassVar[bool] = True
+
+    def __init__(self, max_steps: int = 3, context: ContextPolicy | None = None) -> None:
+        self.max_steps = max_steps
+        self.context: ContextPolicy = context or FullHistory()
+        self.history: list[Message] = []
+        self.n_prefix = 0  # leading messages every context policy keeps
 
     @classmethod
     @abstractmethod
     def make_task(cls, seed: int) -> Task:
-        """The task instance for `seed` (deterministic: same seed, same task)."""
+        """The task instance for `seed` (deterministic: same seed, same task). Keyword
+        parameters after `seed` receive `env.task_options` from the config."""
 
     @abstractmethod
-    def reset(self, task: Task) -> Observation:
-        """Start an episode on `task` and return the first observation."""
+    def reset(self, task: Task, rng: random.Random | None = None) -> Observation:
+        """Start an episode on `task` and return the first observation. `rng` is seeded per
+        episode by the rollout loop (same run seed, same episode): draw the episode's
+        randomness from it. A `reset(self, task)` without it is called without it."""
 
     @abstractmethod
     def step(self, action: Action) -> StepResult:
         """Apply the policy's action and return feedback, reward and whether the episode ended."""
 
-    def bind_services(self, services: ContextServices) -> None:
-        """Receive model-backed helpers (token counter, text generator) for the context policy.
+    def start_episode(self, task: Task, seed: int) -> Observation:
+        """What the rollout loop calls: `reset(task, rng=random.Random(seed))`, or
+        `reset(task)` when this env's reset takes no `rng`."""
+        if _reset_takes_rng(type(self)):
+            return self.reset(task, rng=random.Random(seed))
+        return self.reset(task)
 
-        Envs without a context policy need none, so the default ignores them.
-        """
-        return None
+    def start_history(self, messages: list[Message]) -> Observation:
+        """Begin the episode's history with `messages` (system prompt, examples, task: every
+        context policy keeps them) and return the first observation."""
+        self.history = list(messages)
+        self.n_prefix = len(self.history)
+        return self.observe(appended=False)
+
+    def observe(self, appended: bool = True) -> Observation:
+        """The next observation: what the context policy selects from `history`. `appended`
+        says the history grew by the model's reply and new messages since the last one."""
+        messages = self.context.select(self.history, self.n_prefix)
+        return Observation(messages, [], appended=appended and self.context.append_only)
+
+    def bind_services(self, services: ContextServices) -> None:
+        """Receive model-backed helpers (token counter, text generator) for the context policy."""
+        context = getattr(self, "context", None)  # None: an __init__ that skipped AgentEnv's
+        if context is not None:
+            context.bind(services)
 
     def solve_step(self) -> str | None:
         """The env's own solver: a correct next reply for the current state (for warm-up
         demonstrations), or None when the env has no solver."""
         return None
 
+    @classmethod
+    def keep_demonstration(cls, trajectory: list[Step]) -> bool:
+        """Whether a solver episode becomes a warm-up demonstration: by default only a
+        successful one (`info["success"]` on its last step). An env whose success is partly
+        luck (a stochastic payout) keeps every solver episode by returning True."""
+        return trajectory[-1].success
+
     def anchor_key(self) -> str | None:
         """A hashable key of the current env state (same key = same state), or None."""
         return None
+
+
+@cache
+def _reset_takes_rng(cls: type[AgentEnv]) -> bool:
+    return "rng" in inspect.signature(cls.reset).parameters

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agent_core.context import ContextPolicy, ContextServices, FullHistory
+from agent_core.context import ContextPolicy
 from agent_core.envs.base import AgentEnv
-from agent_core.records import Action, Message, Observation, StepResult, Task
+from agent_core.records import Action, Observation, StepResult, Task
 
 RULES = (
     "You play a number-line game. You stand on a line of whole numbers from 0 to {size} and "
@@ -80,12 +80,9 @@ class NumberLineEnv(AgentEnv):
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if size < self.MIN_DISTANCE:
             raise ValueError(f"size must be >= {self.MIN_DISTANCE}, got {size}")
-        self.max_steps = max_steps
+        super().__init__(max_steps=max_steps, context=context)
         self.size = size  # line length for tasks without meta['size'] (hand-written tasks)
-        self.context = context or FullHistory()
         self.few_shot = few_shot
-        self.history: list[Message] = []
-        self.n_prefix = 0
         self.steps = 0
         self.invalid_actions = 0
         self.line = size
@@ -105,27 +102,20 @@ class NumberLineEnv(AgentEnv):
             meta={"seed": seed, "start": start, "goal": goal, "size": size},
         )
 
-    def bind_services(self, services: ContextServices) -> None:
-        self.context.bind(services)
-
-    def reset(self, task: Task) -> Observation:
+    def reset(self, task: Task, rng: random.Random | None = None) -> Observation:
         # The task defines the game, so every episode of a group plays the same line.
         self.line = int(task.meta.get("size", self.size))
         self.goal, self.position = int(task.answer), int(task.meta["start"])
         if not (0 <= self.goal <= self.line and 0 <= self.position <= self.line):
             raise ValueError(f"task {task.task_id}: start and goal must lie in 0..{self.line}")
-        system = RULES.format(size=self.line, max_move=self.MAX_MOVE)
-        self.history = [
-            {"role": "system", "content": system + (EXAMPLE if self.few_shot else "")},
-            {"role": "user", "content": task.prompt},
-        ]
-        self.n_prefix = len(self.history)
         self.steps = self.invalid_actions = 0
-        return self._observe(appended=False)
-
-    def _observe(self, appended: bool) -> Observation:
-        messages = self.context.select(self.history, self.n_prefix)
-        return Observation(messages, [], appended=appended and self.context.append_only)
+        system = RULES.format(size=self.line, max_move=self.MAX_MOVE)
+        return self.start_history(
+            [
+                {"role": "system", "content": system + (EXAMPLE if self.few_shot else "")},
+                {"role": "user", "content": task.prompt},
+            ]
+        )
 
     def step(self, action: Action) -> StepResult:
         if self.goal is None or self.position is None:
@@ -152,9 +142,7 @@ class NumberLineEnv(AgentEnv):
             return StepResult(
                 None, reward, done=True, feedback=feedback, truncated=not success, info=info
             )
-        return StepResult(
-            self._observe(appended=True), reward, done=False, feedback=feedback, info=info
-        )
+        return StepResult(self.observe(), reward, done=False, feedback=feedback, info=info)
 
     def _apply(self, move: int) -> tuple[float, str]:
         """Move (stopping at the line's ends); the reward and the feedback text."""

@@ -68,6 +68,4 @@ class QAEnv(ToolEnv):
         self.history.append({"role": "user", "content": RETRY_TEXT})
         info = {**result.info, "end": "retry"}
         del info["success"]
-        return StepResult(
-            self._observe(appended=True), 0.0, done=False, feedback=RETRY_TEXT, info=info
-        )
+        return StepResult(self.observe(), 0.0, done=False, feedback=RETRY_TEXT, info=info)

@@ -7,10 +7,11 @@ results as tool messages. The episode ends when the model replies without a call
 
 from __future__ import annotations
 
+import random
 import threading
 from typing import Any
 
-from agent_core.context import ContextPolicy, ContextServices, FullHistory
+from agent_core.context import ContextPolicy
 from agent_core.envs.base import AgentEnv
 from agent_core.envs.tool_calls import CLOSE_TAG, CallError, ToolCall, parse_tool_calls
 from agent_core.records import Action, Message, Observation, StepResult, Task
@@ -41,15 +42,12 @@ class ToolEnv(AgentEnv):
         context: ContextPolicy | None = None,
         tool_timeout_s: float = 5.0,
     ) -> None:
+        super().__init__(max_steps=max_steps, context=context)
         self.tools = {tool.name: tool for tool in tools}
         self.system_prompt = system_prompt
         self.examples = list(examples or [])
-        self.max_steps = max_steps
-        self.context = context or FullHistory()
         self.tool_timeout_s = tool_timeout_s
         self.task: Task | None = None
-        self.history: list[Message] = []
-        self.n_prefix = 0
         self.steps = 0
         self.tool_calls_ok = 0
         self.tool_calls_failed = 0
@@ -59,22 +57,19 @@ class ToolEnv(AgentEnv):
         for tool in tools:
             self.tools[tool.name] = tool
 
-    def bind_services(self, services: ContextServices) -> None:
-        self.context.bind(services)
-
-    def reset(self, task: Task) -> Observation:
+    def reset(self, task: Task, rng: random.Random | None = None) -> Observation:
         self.task = task
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        self.history = [*system, *self.examples, {"role": "user", "content": task.prompt}]
-        self.n_prefix = len(self.history)
         self.steps = 0
         self.tool_calls_ok = self.tool_calls_failed = 0
-        return self._observe(appended=False)
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        task_message = {"role": "user", "content": task.prompt}
+        return self.start_history([*system, *self.examples, task_message])
 
-    def _observe(self, appended: bool) -> Observation:
-        messages = self.context.select(self.history, self.n_prefix)
-        schemas = [tool.schema() for tool in self.tools.values()]
-        return Observation(messages, schemas, appended=appended and self.context.append_only)
+    def observe(self, appended: bool = True) -> Observation:
+        """The context policy's selection, with the schemas of the tools on offer."""
+        observation = super().observe(appended)
+        observation.tools = [tool.schema() for tool in self.tools.values()]
+        return observation
 
     def step(self, action: Action) -> StepResult:
         self.steps += 1
@@ -91,9 +86,7 @@ class ToolEnv(AgentEnv):
         if self.steps >= self.max_steps:
             info["end"] = "max_steps"
             return StepResult(None, reward, done=True, feedback=feedback, truncated=True, info=info)
-        return StepResult(
-            self._observe(appended=True), reward, done=False, feedback=feedback, info=info
-        )
+        return StepResult(self.observe(), reward, done=False, feedback=feedback, info=info)
 
     def _finish(self, action: Action) -> StepResult:
         """The model answered without a call: the episode ends and is judged."""

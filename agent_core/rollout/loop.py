@@ -6,6 +6,7 @@ fed to its env and recorded as a `Step` with the exact prompt and response token
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -114,9 +115,10 @@ class AgentEnvLoop:
     def _start(self, task: Task, index: int, meta: RolloutMeta) -> _Episode:
         env = self.make_env()
         env.bind_services(self._services(env))
-        obs = env.reset(task)
         group_id = f"{meta.iteration}:{task.task_id}"
-        return _Episode(env, task, group_id, f"{group_id}:{index}", obs, self.flow.encode(obs))
+        trajectory_id = f"{group_id}:{index}"
+        obs = env.start_episode(task, episode_seed(self.sampling.seed, trajectory_id))
+        return _Episode(env, task, group_id, trajectory_id, obs, self.flow.encode(obs))
 
     def _solver_reply(self, ep: _Episode) -> Generation:
         text = ep.env.solve_step()
@@ -203,3 +205,10 @@ class AgentEnvLoop:
             anchor_key=anchor,
             info=info,
         )
+
+
+def episode_seed(sampling_seed: int, trajectory_id: str) -> int:
+    """The env's seed for one episode: fixed by the loop's sampling seed (run seed, iteration,
+    shard) and the episode's id, so a rerun of a shard replays the same env randomness."""
+    digest = hashlib.blake2b(f"{sampling_seed}:{trajectory_id}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1
