@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -14,10 +15,12 @@ from pydantic import BaseModel
 from agent_core.envs import env_class
 from agent_core.records import Step, Task
 from agent_core.rewards import group_trajectories, score_steps
-from agent_core.rollout.hf_engine import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.task_file import held_out_tasks
 from configs.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from agent_core.runtime import Engine
 
 EVAL_SEED_OFFSET = 9_973  # sampling seed of evaluation, apart from training's
 
@@ -90,7 +93,7 @@ def table_metrics(table: pl.DataFrame, samples_per_task: int) -> dict[str, float
 
 def evaluate_policy(
     cfg: RunConfig,
-    engine: HFRolloutEngine,
+    engine: Engine,
     version: int,
     checkpoint: str,
     out_dir: Path,
@@ -199,7 +202,7 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     from agent_core import tracking
     from agent_core.config import flatten
     from agent_core.iteration import run_dir_of
-    from agent_core.runtime import new_engine
+    from agent_core.runtime import close_engine, new_engine
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)
@@ -218,9 +221,12 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     )
     try:
         engine = new_engine(cfg, folder)
-        outcome = evaluate_policy(
-            cfg, engine, version, str(folder), run_dir / "evaluations" / label
-        )
+        try:
+            outcome = evaluate_policy(
+                cfg, engine, version, str(folder), run_dir / "evaluations" / label
+            )
+        finally:
+            close_engine(engine)
         tracking.log_metrics(cfg.tracking, run_id, max(version, 0), outcome.metrics)
         tracking.log_table(cfg.tracking, run_id, Path(outcome.table_path), "eval/episodes.json")
     except BaseException:

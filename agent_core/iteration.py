@@ -46,7 +46,6 @@ from agent_core.replay.store import (
 from agent_core.rewards import group_trajectories, score_steps
 from agent_core.rollout.agent_loop import AgentFunctionLoop, agent_function_loop
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 from agent_core.serving.episodes import role_metrics
 from agent_core.task_file import sample_train_tasks
@@ -255,7 +254,7 @@ def train_tasks(cfg: RunConfig, stream: int, count: int) -> list[Task]:
 
 def make_loop(
     cfg: RunConfig,
-    engine: HFRolloutEngine | None,
+    engine: runtime.Engine | None,
     seed: int,
     temperature: float | None = None,
     tokenizer=None,

@@ -126,7 +126,9 @@ def vllm_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
             send_seed=False,  # one seed for a whole request: a group's samples would be equal
             weight_sync="vllm",
         )
-        return RemoteRolloutEngine(settings, weights, on_close=server.stop)
+        return RemoteRolloutEngine(
+            settings, weights, server.stop, server.startup_seconds, weights_view=server.view
+        )
     except BaseException:
         server.stop()
         raise

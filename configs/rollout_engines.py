@@ -110,6 +110,13 @@ class VLLMEngineSection(_EngineSection):
         description="CPU builds: VLLM_CPU_KVCACHE_SPACE, the GiB of KV cache vLLM allocates "
         "(ignored on GPUs, where gpu_memory_utilization in extra_args applies).",
     )
+    untie_embeddings: bool = Field(
+        True,
+        description="Serve each policy from a copy whose tied lm_head is a tensor of its own. "
+        "Needed on CPU: vLLM's CPU build packs the lm_head once and an in-place reload of a "
+        "tied checkpoint leaves that copy stale (log-probs off by tens of nats). Costs one "
+        "write of the weights per reload; false on GPUs saves it.",
+    )
     extra_args: list[str] = Field(
         default_factory=list,
         description="More `vllm serve` arguments, e.g. ['--gpu-memory-utilization', '0.5'].",

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from configs.rollout_engines import RemoteEngineSection, VLLMEngineSection
 from configs.search import SearchToolOptions
 from configs.task_file import TaskFileSection
 
@@ -230,8 +231,20 @@ class EnvSection(Section):
 class RolloutSection(Section):
     """How episodes are sampled from the policy."""
 
-    engine: Literal["hf"] = Field(
-        "hf", description="Rollout engine: 'hf' = transformers model with a batched KV-cache loop."
+    engine: Literal["hf", "remote", "vllm"] = Field(
+        "hf",
+        description="Rollout engine: 'hf' = transformers model with a batched KV-cache loop in "
+        "steprl's process; 'remote' = an OpenAI-compatible server spoken to in token ids "
+        "(rollout.remote); 'vllm' = a vLLM server steprl starts from its own environment "
+        "(rollout.vllm). threads and the fused/prefix/pack switches apply to 'hf' only; dtype "
+        "to 'hf' and 'vllm'.",
+    )
+    remote: RemoteEngineSection = Field(
+        default_factory=RemoteEngineSection, description="rollout.engine=remote: the server."
+    )
+    vllm: VLLMEngineSection = Field(
+        default_factory=VLLMEngineSection,
+        description="rollout.engine=vllm: the vLLM server steprl starts and stops.",
     )
     tasks_per_iteration: int = Field(
         4, ge=1, description="Distinct task instances sampled per iteration."
@@ -309,6 +322,20 @@ class RolloutSection(Section):
         "layout (fp32 and bf16) instead of on every matmul. Costs one extra copy of the "
         "weights in memory.",
     )
+
+    @model_validator(mode="after")
+    def _engine_is_reachable(self) -> RolloutSection:
+        if self.engine == "remote" and not self.remote.base_url:
+            raise ValueError(
+                "rollout.engine='remote' needs rollout.remote.base_url: set it to the server's "
+                "root URL, e.g. --set rollout.remote.base_url=http://127.0.0.1:8000"
+            )
+        if self.engine != "hf" and self.workers > 0:
+            raise ValueError(
+                f"rollout.engine={self.engine!r} with rollout.workers={self.workers}: the "
+                "server batches every caller's requests itself; set rollout.workers=0"
+            )
+        return self
 
 
 class RewardTerm(Section):
@@ -745,6 +772,18 @@ class RunConfig(Section):
                 f"worker_cpus={r.worker_cpus:g} and trainer.ranks={t.ranks} x rank_cpus="
                 f"{t.rank_cpus:g} ({need:g} CPUs): raise ray.num_cpus to {math.ceil(need)} "
                 "or lower the per-actor CPUs"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _server_logprobs_are_the_updates(self) -> RunConfig:
+        r = self.rollout
+        vllm = r.engine == "vllm" or (r.engine == "remote" and r.remote.weight_sync == "vllm")
+        if vllm and r.top_p < 1.0 and self.trainer.old_logprobs == "rollout":
+            raise ValueError(
+                f"rollout.engine={r.engine!r} with rollout.top_p={r.top_p:g}: vLLM's log-probs "
+                "are of the nucleus-renormalized distribution, not the full one the update "
+                "recomputes; set trainer.old_logprobs=recompute (or rollout.top_p=1)"
             )
         return self
 

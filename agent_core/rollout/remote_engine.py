@@ -47,8 +47,11 @@ class RemoteRolloutEngine:
         settings: RemoteSettings,
         tokenizer_path: str | Path,
         on_close: Callable[[], None] | None = None,
+        startup_seconds: float = 0.0,
+        weights_view: Callable[[Path], Path] | None = None,
     ) -> None:
         self.settings = settings
+        self.startup_seconds = startup_seconds  # of a server this engine started
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self.client = httpx.Client(
@@ -57,6 +60,7 @@ class RemoteRolloutEngine:
         self.policy_version = 0
         self.sync_seconds: list[float] = []  # one entry per reload, for reports and benches
         self._on_close = on_close
+        self._view = weights_view  # where the server reads a checkpoint from (vLLM: a copy)
 
     # ------------------------------------------------------------ generation
 
@@ -126,7 +130,7 @@ class RemoteRolloutEngine:
         """Make the server load the HF checkpoint folder `folder` (a path the server's machine
         sees: a shared run folder) and tag it `policy_version`."""
         start = time.perf_counter()
-        path = str(Path(folder).resolve())
+        path = str(self._view(folder) if self._view is not None else Path(folder).resolve())
         sync = self.settings.weight_sync
         if sync == "steprl":
             self._post("/steprl/reload", {"path": path, "policy_version": policy_version})

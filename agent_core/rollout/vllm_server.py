@@ -1,11 +1,14 @@
 """`VLLMServer`: a vLLM OpenAI server run as a subprocess from its own Python environment
-(rollout.vllm.python), started on a policy folder, waited for, and stopped with its children."""
+(rollout.vllm.python), started on a policy folder, waited for, and stopped with its children;
+and the folder it reads each policy from (`view`)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+from safetensors.torch import load_file, save_file
 
 from configs.rollout_engines import VLLMEngineSection
 
@@ -37,11 +41,13 @@ class VLLMServer:
                 "creates .vllm-venv with vLLM), or point rollout.vllm.python at a Python that "
                 "has vllm installed"
             )
+        self.untie = cfg.untie_embeddings
+        self.scratch = Path(tempfile.mkdtemp(prefix="steprl-vllm-"))
         self.port = cfg.port or _free_port(cfg.host)
         self.base_url = f"http://{cfg.host}:{self.port}"
         command = [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(Path(model).resolve()), "--served-model-name", SERVED_NAME,
+            "--model", str(self.view(model)), "--served-model-name", SERVED_NAME,
             "--host", cfg.host, "--port", str(self.port), "--dtype", dtype,
             "--seed", str(seed), "--max-model-len", str(cfg.max_model_len),
             "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs",
@@ -86,6 +92,34 @@ class VLLMServer:
             f"(rollout.vllm.startup_timeout_s); its log ({self.log}) ends:\n{self.log_tail()}"
         )
 
+    def view(self, folder: Path) -> Path:
+        """The folder vLLM loads policy `folder` from. With untie_embeddings, a copy of its
+        model weights (value head and DeepSpeed state left out) in which a tied lm_head is a
+        tensor of its own: vLLM's CPU build packs the lm_head's weights once, and an in-place
+        reload of a tied checkpoint updates the embedding but not that packed copy."""
+        folder = Path(folder).resolve()
+        if not self.untie:
+            return folder
+        out, tmp = self.scratch / "policy", self.scratch / "policy.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        config = json.loads((folder / "config.json").read_text())
+        state: dict = {}
+        for shard in sorted(folder.glob("model*.safetensors")):  # not value_head.*
+            state |= load_file(shard)
+        if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+        config["tie_word_embeddings"] = False
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        written = {"config.json", "model.safetensors.index.json"}
+        for item in folder.iterdir():  # tokenizer, chat template, generation config
+            if item.is_file() and item.suffix != ".safetensors" and item.name not in written:
+                shutil.copy2(item, tmp / item.name)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        return out
+
     def log_tail(self) -> str:
         """The end of the server's output."""
         text = self.log.read_text(errors="replace") if self.log.is_file() else ""
@@ -100,6 +134,7 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 _signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+        shutil.rmtree(self.scratch, ignore_errors=True)
         atexit.unregister(self.stop)
 
 
