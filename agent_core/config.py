@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from configs.run_config import RunConfig
+from configs.judge import JUDGE_POLICY, JudgeTerm
+from configs.run_config import TERM_KINDS, RunConfig
 
 __all__ = ["ConfigError", "RunConfig", "check_config", "config_from_dict", "load_config"]
 
@@ -76,7 +77,7 @@ def format_validation_error(error: ValidationError) -> str:
     """One line per bad field: its dotted path, pydantic's message and the given value."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(root)"
+        where = ".".join(str(p) for p in item["loc"] if p not in TERM_KINDS) or "(root)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown key: remove it or check its spelling (see RunConfig's fields)"
@@ -153,6 +154,11 @@ def check_config(config: RunConfig) -> None:
     checks += [
         (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n))
         for i, t in enumerate(config.reward.terms)
+    ]
+    checks += [
+        (f"reward.terms.{i}.model", lambda m=t.model: _check_judge_model(m))
+        for i, t in enumerate(config.reward.terms)
+        if isinstance(t, JudgeTerm)
     ]
     checks.append(
         (
@@ -254,6 +260,17 @@ def _check_model_folder(config: RunConfig) -> None:
             f"{model.path!r} is not a Hugging Face model folder (config.json + weights): point "
             "model.path at one, or set model.source to 'smollm2-gguf' (run `make setup-model`) "
             "or 'tiny-random'"
+        )
+
+
+def _check_judge_model(model: str) -> None:
+    """A judge is the policy or an existing local model folder (nothing is downloaded)."""
+    from agent_core.models import is_model_folder
+
+    if model != JUDGE_POLICY and not is_model_folder(model):
+        raise ValueError(
+            f"{model!r} is not a Hugging Face model folder (config.json + weights): point the "
+            "judge's model at one, or set it to 'policy' (the trained policy judges)"
         )
 
 

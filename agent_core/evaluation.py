@@ -13,6 +13,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from agent_core.envs import env_class
+from agent_core.judge_engines import judge_engines
 from agent_core.records import Step, Task
 from agent_core.rewards import group_trajectories, score_steps
 from agent_core.rollout.loop import RolloutMeta
@@ -108,9 +109,8 @@ def evaluate_policy(
     meta = RolloutMeta("eval", 0, version, cfg.env.name)
     steps, _ = loop.run(tasks, cfg.eval.samples_per_task, meta)
     by_id = {t.task_id: t for t in tasks}
-    score_steps(
-        steps, by_id, [(t.name, t.weight) for t in cfg.reward.terms], cfg.reward.env_reward_weight
-    )
+    engines = judge_engines(cfg, lambda: engine)
+    score_steps(steps, by_id, cfg.reward.terms, cfg.reward.env_reward_weight, engines)
     table = episode_table(steps, by_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "episodes.parquet"

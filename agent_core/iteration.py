@@ -27,6 +27,7 @@ from agent_core.algorithms.returns import StepArrays
 from agent_core.config import dump_config, flatten
 from agent_core.envs import env_class, make_env
 from agent_core.faults import crash_point
+from agent_core.judge_engines import judge_engines
 from agent_core.models import ensure_model_folder
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
@@ -417,8 +418,17 @@ def _episode_metrics(steps: list[Step]) -> dict[str, float]:
 def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
     """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
     tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
-    terms = [(t.name, t.weight) for t in cfg.reward.terms]
-    metrics = score_steps(steps, tasks, terms, cfg.reward.env_reward_weight)
+    version = iteration - 1  # the policy that played the episodes judges them as 'policy'
+    engines = judge_engines(
+        cfg,
+        lambda: runtime.rollout_engine(
+            cfg, Path(run.run_dir), version, policy_weights(run, version)
+        ),
+    )
+    seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
+    metrics = score_steps(
+        steps, tasks, cfg.reward.terms, cfg.reward.env_reward_weight, engines, seed
+    )
     metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     return metrics | _episode_metrics(steps)
 

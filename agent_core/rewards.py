@@ -1,27 +1,35 @@
 """Reward functions by name and the scoring pass that turns them into each step's reward.
 
 An outcome reward is `fn(trajectory_steps, task) -> float`, added to the trajectory's last
-step; a process reward is `fn(step, task) -> float`, added to every step.
+step; a process reward is `fn(step, task) -> float`, added to every step; a judged reward
+(`judge`) scores all of an iteration's trajectories at once with a model (agent_core.judge).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent_core.answers import extract_number_answer, extract_text_answer, numbers_match
 from agent_core.envs.tool_calls import CallError, parse_tool_calls
+from agent_core.judge import JudgeEngine, judge_trajectories
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
+from configs.judge import JudgeTerm
+from configs.run_config import RewardTerm
+
+# The judge's engine for a term's `model` ('policy' or a model folder).
+JudgeEngines = Callable[[str], JudgeEngine]
 
 
 @dataclass(frozen=True)
 class RewardFn:
-    """A named reward function and whether it scores trajectories or single steps."""
+    """A named reward function and whether it scores trajectories, single steps, or all
+    trajectories at once with a judge model (`fn(term, trajectories, tasks, engine, seed)`)."""
 
-    fn: Callable[..., float]
-    kind: Literal["outcome", "process"]
+    fn: Callable[..., Any]
+    kind: Literal["outcome", "process", "judged"]
 
 
 def answer_match(trajectory: list[Step], task: Task) -> float:
@@ -78,6 +86,7 @@ REWARDS: dict[str, RewardFn] = {
     "tool_call_format": RewardFn(tool_call_format, "outcome"),
     "malformed_call_penalty": RewardFn(malformed_call_penalty, "process"),
     "response_tokens": RewardFn(response_tokens, "process"),
+    "judge": RewardFn(judge_trajectories, "judged"),
 }
 
 
@@ -105,26 +114,71 @@ def group_trajectories(steps: list[Step]) -> dict[str, list[Step]]:
 def score_steps(
     steps: list[Step],
     tasks: dict[str, Task],
-    terms: list[tuple[str, float]],
+    terms: Sequence[RewardTerm | JudgeTerm],
     env_reward_weight: float,
+    judge_engines: JudgeEngines | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Set each step's `reward` = weighted env reward + process terms (+ outcome terms on the
-    last step). Each term's value is also kept in `info['reward_terms']`. Returns term means."""
-    fns = [(name, reward_fn(name), weight) for name, weight in terms]
-    totals: dict[str, float] = {name: 0.0 for name, _, _ in fns}
+    """Set each step's `reward` = weighted env reward + process terms (+ outcome and judged
+    terms on the last step). Each term's value is also kept in `info['reward_terms']` (a
+    judge's reply in `info['judge']`). Returns term means (and the judges' counters)."""
     trajectories = group_trajectories(steps)
+    for step in steps:
+        step.reward = env_reward_weight * step.env_reward
+        step.info["reward_terms"] = {}
+        step.info.pop("judge", None)
+    totals: dict[str, float] = {term.name: 0.0 for term in terms}
+    counters: dict[str, float] = {}
+    for term in terms:
+        rf = reward_fn(term.name)
+        if rf.kind == "judged":
+            values = _judged_values(term, rf, trajectories, tasks, judge_engines, seed, counters)
+        else:
+            values = _function_values(rf, trajectories, tasks)
+        for step, value in values:
+            step.reward += term.weight * value
+            step.info["reward_terms"][term.name] = value
+            totals[term.name] += value
+    n = max(1, len(trajectories))
+    return {f"reward/{name}": total / n for name, total in totals.items()} | counters
+
+
+def _function_values(
+    rf: RewardFn, trajectories: dict[str, list[Step]], tasks: dict[str, Task]
+) -> list[tuple[Step, float]]:
+    """(step, value) of an outcome term (last steps) or a process term (every step)."""
+    out = []
     for trajectory in trajectories.values():
         task = tasks[trajectory[0].task_id]
-        for step in trajectory:
-            step.reward = env_reward_weight * step.env_reward
-            step.info["reward_terms"] = {}
-        for name, rf, weight in fns:
-            targets = [trajectory[-1]] if rf.kind == "outcome" else trajectory
-            for step in targets:
-                args = (trajectory, task) if rf.kind == "outcome" else (step, task)
-                value = float(rf.fn(*args))
-                step.reward += weight * value
-                step.info["reward_terms"][name] = value
-                totals[name] += value
-    n = max(1, len(trajectories))
-    return {f"reward/{name}": total / n for name, total in totals.items()}
+        if rf.kind == "outcome":
+            out.append((trajectory[-1], float(rf.fn(trajectory, task))))
+        else:
+            out += [(step, float(rf.fn(step, task))) for step in trajectory]
+    return out
+
+
+def _judged_values(
+    term: RewardTerm | JudgeTerm,
+    rf: RewardFn,
+    trajectories: dict[str, list[Step]],
+    tasks: dict[str, Task],
+    judge_engines: JudgeEngines | None,
+    seed: int,
+    counters: dict[str, float],
+) -> list[tuple[Step, float]]:
+    """(last step, judge score) of every trajectory; the reply is kept in the step's info."""
+    if not isinstance(term, JudgeTerm) or judge_engines is None:
+        raise ValueError(f"reward term {term.name!r} is judged: it needs judge options and engines")
+    engine = judge_engines(term.model)
+    outcome = rf.fn(term, list(trajectories.values()), tasks, engine, seed)
+    for key, count in (
+        ("reward/judge_parse_failures", outcome.parse_failures),
+        ("reward/judge_generate_calls", outcome.generate_calls),
+    ):
+        counters[key] = counters.get(key, 0.0) + count
+    out = []
+    for trajectory_id, trajectory in trajectories.items():
+        last = trajectory[-1]
+        last.info.setdefault("judge", []).append(outcome.records[trajectory_id])
+        out.append((last, outcome.scores[trajectory_id]))
+    return out

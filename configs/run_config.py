@@ -10,8 +10,17 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
+from configs.judge import JudgeTerm
 from configs.rollout_engines import RemoteEngineSection, VLLMEngineSection
 from configs.search import SearchToolOptions
 from configs.task_file import TaskFileSection
@@ -347,13 +356,31 @@ class RewardTerm(Section):
     weight: float = Field(1.0, description="Multiplier applied to the function's value.")
 
 
+# The kinds of reward term; pydantic puts the kind into an error's path, which
+# agent_core.config leaves out again (the path then matches the YAML).
+TERM_KINDS = ("judge term", "function term")
+
+
+def _term_kind(term: Any) -> str:
+    """A judge term (it has options of its own) or a function term, by its name."""
+    name = term.get("name") if isinstance(term, dict) else getattr(term, "name", None)
+    return TERM_KINDS[0] if name == "judge" else TERM_KINDS[1]
+
+
+AnyRewardTerm = Annotated[
+    Annotated[JudgeTerm, Tag(TERM_KINDS[0])] | Annotated[RewardTerm, Tag(TERM_KINDS[1])],
+    Discriminator(_term_kind),
+]
+
+
 class RewardSection(Section):
     """How the scalar reward of each step is made."""
 
-    terms: list[RewardTerm] = Field(
+    terms: list[AnyRewardTerm] = Field(
         default_factory=lambda: [RewardTerm(name="answer_match", weight=1.0)],
         description="Reward functions summed into each step's reward. Outcome terms land on "
-        "the last step of a trajectory, process terms on every step.",
+        "the last step of a trajectory, process terms on every step; a term named 'judge' is "
+        "scored by a model and takes the options of configs.judge.JudgeTerm.",
     )
     env_reward_weight: float = Field(
         1.0, description="Weight of the reward the environment itself returns at each step."
