@@ -160,6 +160,11 @@ def check_config(config: RunConfig) -> None:
         for i, t in enumerate(config.reward.terms)
         if isinstance(t, JudgeTerm)
     ]
+    checks += [
+        (f"reward.terms.{i}.mode", lambda: _check_relative_groups(config.rollout.group_size))
+        for i, t in enumerate(config.reward.terms)
+        if isinstance(t, JudgeTerm) and t.mode == "relative"
+    ]
     checks.append(
         (
             "algorithm.estimator",
@@ -271,6 +276,16 @@ def _check_judge_model(model: str) -> None:
         raise ValueError(
             f"{model!r} is not a Hugging Face model folder (config.json + weights): point the "
             "judge's model at one, or set it to 'policy' (the trained policy judges)"
+        )
+
+
+def _check_relative_groups(group_size: int) -> None:
+    """Relative judging compares a group's trajectories: a group of one has nothing to
+    compare with."""
+    if group_size < 2:
+        raise ValueError(
+            f"'relative' judging compares the trajectories of a group, but rollout.group_size="
+            f"{group_size}: raise rollout.group_size to 2 or more, or use mode 'absolute'"
         )
 
 

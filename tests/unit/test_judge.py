@@ -198,6 +198,15 @@ def test_judge_config_loads_and_names_a_missing_folder(tmp_path: Path) -> None:
         load_config(None, [f"reward.terms=[{{name: judge, model: {tmp_path / 'none'}}}]"])
     with pytest.raises(ConfigError, match=r"reward\.terms\.0\.mode: Input should be"):
         load_config(None, ["reward.terms=[{name: judge, mode: pairwise}]"])
+    with pytest.raises(ConfigError, match=r"reward\.terms\.1\.mode: .*rollout\.group_size=1"):
+        load_config(
+            None,
+            [
+                "rollout.group_size=1",
+                "algorithm.estimator=reinforce_pp",
+                "reward.terms=[{name: judge}, {name: judge, mode: relative}]",
+            ],
+        )
     assert all(f.description for f in JudgeTerm.model_fields.values())
 
 
