@@ -4,7 +4,7 @@ heavy work. Errors name the field and say how to fix it.
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,15 +121,21 @@ def check_config(config: RunConfig) -> None:
     typo fails before any model loads; raises ConfigError naming each field and its fix."""
     from agent_core.algorithms.advantages import ESTIMATORS
     from agent_core.context import make_context_policy
-    from agent_core.envs import env_class
+    from agent_core.envs import contract, env_class
     from agent_core.registry import UnknownNameError, resolve
     from agent_core.rewards import reward_fn
     from agent_core.tools import make_tool, tool_class
 
+    env = config.env
+    constructed = (env.kwargs, env.tool_options.model_dump())
+    tasks = env.task_options
     checks = [
         ("env.name", lambda: env_class(config.env.name)),
         ("env.context", lambda: make_context_policy(config.env.context)),
-        ("env.kwargs", lambda: _check_env_kwargs(config)),
+        ("env.context", lambda: _check_env(config, contract.check_context, env.context)),
+        ("env.kwargs", lambda: _check_env(config, contract.check_constructor, *constructed)),
+        ("env.task_options", lambda: _check_env(config, contract.check_task_options, tasks)),
+        ("env.name", lambda: _check_env(config, contract.check_reset)),
         ("env.tools", lambda: _check_env_takes_tools(config)),
         ("env.tasks", lambda: _check_task_file(config)),
         ("model.path", lambda: _check_model_folder(config)),
@@ -151,18 +157,20 @@ def check_config(config: RunConfig) -> None:
         for n in getattr(_known_env(config), "own_tools", ())
         if n not in config.env.tools
     ]
+    terms = config.reward.terms
+    if terms is None:  # the env's own default terms
+        checks.append(("reward.terms", lambda: _check_env(config, contract.check_reward_terms)))
     checks += [
-        (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n))
-        for i, t in enumerate(config.reward.terms)
+        (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n)) for i, t in enumerate(terms or [])
     ]
     checks += [
         (f"reward.terms.{i}.model", lambda m=t.model: _check_judge_model(m))
-        for i, t in enumerate(config.reward.terms)
+        for i, t in enumerate(terms or [])
         if isinstance(t, JudgeTerm)
     ]
     checks += [
         (f"reward.terms.{i}.mode", lambda: _check_relative_groups(config.rollout.group_size))
-        for i, t in enumerate(config.reward.terms)
+        for i, t in enumerate(terms or [])
         if isinstance(t, JudgeTerm) and t.mode == "relative"
     ]
     checks.append(
@@ -195,29 +203,12 @@ def _known_env(config: RunConfig) -> type | None:
         return None
 
 
-def _check_env_kwargs(config: RunConfig) -> None:
-    """Each env.kwargs key must be a keyword of the env's constructor that no other field
-    sets (max_steps, few_shot and context have fields of their own)."""
+def _check_env(config: RunConfig, check: Callable[..., None], *args: Any) -> None:
+    """Run one of agent_core.envs.contract's checks on the configured env (skipped when its
+    name does not resolve: that is reported as env.name)."""
     cls = _known_env(config)
-    if cls is None or not config.env.kwargs:
-        return
-    params = inspect.signature(cls).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return  # the env takes any keyword
-    own = {"max_steps", "few_shot", "context"}
-    accepted = sorted(
-        name
-        for name, p in params.items()
-        if name not in own and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    )
-    for key in config.env.kwargs:
-        if key in own:
-            raise ValueError(f"{key!r} is set by env.{key}, not env.kwargs: move it there")
-        if key not in accepted:
-            raise ValueError(
-                f"env {config.env.name!r} takes no keyword {key!r}: use one of "
-                f"{', '.join(accepted) or '(none)'} or remove it"
-            )
+    if cls is not None:
+        check(cls, config.env.name, *args)
 
 
 def _check_env_takes_tools(config: RunConfig) -> None:

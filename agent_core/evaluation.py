@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel
 
-from agent_core.envs import env_class
+from agent_core.envs import make_tasks
 from agent_core.judge_engines import judge_engines
 from agent_core.records import Step, Task
-from agent_core.rewards import group_trajectories, score_steps
+from agent_core.rewards import configured_terms, group_trajectories, score_steps
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.task_file import held_out_tasks
 from configs.run_config import RunConfig
@@ -42,8 +42,8 @@ def eval_tasks(cfg: RunConfig) -> list[Task]:
     if env.tasks is not None:
         return held_out_tasks(env.tasks, cfg.eval.episodes)
     count = min(cfg.eval.episodes, env.eval_seed_count)
-    cls = env_class(env.name)
-    return [cls.make_task(env.eval_seed_start + i) for i in range(count)]
+    seeds = [env.eval_seed_start + i for i in range(count)]
+    return make_tasks(env.name, seeds, env.task_options)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -110,7 +110,7 @@ def evaluate_policy(
     steps, _ = loop.run(tasks, cfg.eval.samples_per_task, meta)
     by_id = {t.task_id: t for t in tasks}
     engines = judge_engines(cfg, lambda: engine)
-    score_steps(steps, by_id, cfg.reward.terms, cfg.reward.env_reward_weight, engines)
+    score_steps(steps, by_id, configured_terms(cfg), cfg.reward.env_reward_weight, engines)
     table = episode_table(steps, by_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "episodes.parquet"

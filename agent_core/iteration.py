@@ -25,7 +25,7 @@ from agent_core.agent_flow import AgentFlow
 from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.returns import StepArrays
 from agent_core.config import dump_config, flatten
-from agent_core.envs import env_class, make_env
+from agent_core.envs import env_class, make_env, make_tasks
 from agent_core.faults import crash_point
 from agent_core.judge_engines import judge_engines
 from agent_core.models import ensure_model_folder
@@ -44,7 +44,7 @@ from agent_core.replay.store import (
     verify_partition,
     write_ipc,
 )
-from agent_core.rewards import group_trajectories, score_steps
+from agent_core.rewards import configured_terms, group_trajectories, score_steps
 from agent_core.rollout.agent_loop import AgentFunctionLoop, agent_function_loop
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
@@ -249,8 +249,7 @@ def train_tasks(cfg: RunConfig, stream: int, count: int) -> list[Task]:
         range(env.train_seed_start, env.train_seed_start + env.train_seed_count),
         min(count, env.train_seed_count),
     )
-    cls = env_class(env.name)
-    return [cls.make_task(seed) for seed in seeds]
+    return make_tasks(env.name, seeds, env.task_options)
 
 
 def make_loop(
@@ -427,7 +426,7 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
     )
     seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
     metrics = score_steps(
-        steps, tasks, cfg.reward.terms, cfg.reward.env_reward_weight, engines, seed
+        steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
     )
     metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     return metrics | _episode_metrics(steps)

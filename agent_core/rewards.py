@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent_core.answers import extract_number_answer, extract_text_answer, numbers_match
+from agent_core.envs import env_class
 from agent_core.envs.tool_calls import CallError, parse_tool_calls
 from agent_core.judge import JudgeEngine, judge_trajectories
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
 from configs.judge import JudgeTerm
-from configs.run_config import RewardTerm
+from configs.run_config import RewardTerm, RunConfig
 
 # The judge's engine for a term's `model` ('policy' or a model folder).
 JudgeEngines = Callable[[str], JudgeEngine]
@@ -99,6 +100,14 @@ def reward_fn(name: str) -> RewardFn:
         kind = getattr(found, "reward_kind", "outcome")
         return RewardFn(found, kind)
     raise TypeError(f"reward {name!r} resolves to {found!r}, which is not callable")
+
+
+def configured_terms(cfg: RunConfig) -> list[RewardTerm | JudgeTerm]:
+    """The run's reward terms: `reward.terms`, or the env's own `reward_terms` when the config
+    leaves it unset."""
+    if cfg.reward.terms is not None:
+        return list(cfg.reward.terms)
+    return [RewardTerm(name=n, weight=w) for n, w in env_class(cfg.env.name).reward_terms]
 
 
 def group_trajectories(steps: list[Step]) -> dict[str, list[Step]]:

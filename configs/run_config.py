@@ -212,6 +212,12 @@ class EnvSection(Section):
         default_factory=dict,
         description="Extra keyword arguments for the env's constructor (env-specific).",
     )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the env's make_task(seed, **task_options): the "
+        "parameters of its task distribution (e.g. {size: 12} for numberline's line length). "
+        "Checked against make_task's signature at load.",
+    )
     tasks: TaskFileSection | None = Field(
         None,
         description="Take tasks from a data file (Parquet, JSONL, CSV) instead of the env's "
@@ -219,7 +225,7 @@ class EnvSection(Section):
         "then unused.",
     )
 
-    @field_validator("kwargs", "context")
+    @field_validator("kwargs", "task_options", "context")
     @classmethod
     def _finite_values(cls, value: Any) -> Any:
         _finite_numbers(value)
@@ -376,11 +382,13 @@ AnyRewardTerm = Annotated[
 class RewardSection(Section):
     """How the scalar reward of each step is made."""
 
-    terms: list[AnyRewardTerm] = Field(
-        default_factory=lambda: [RewardTerm(name="answer_match", weight=1.0)],
+    terms: list[AnyRewardTerm] | None = Field(
+        None,
         description="Reward functions summed into each step's reward. Outcome terms land on "
         "the last step of a trajectory, process terms on every step; a term named 'judge' is "
-        "scored by a model and takes the options of configs.judge.JudgeTerm.",
+        "scored by a model and takes the options of configs.judge.JudgeTerm. None = the env's "
+        "own default terms (its `reward_terms`: answer_match for the calculator, none for the "
+        "other built-in envs, whose own rewards count through env_reward_weight); [] = none.",
     )
     env_reward_weight: float = Field(
         1.0, description="Weight of the reward the environment itself returns at each step."

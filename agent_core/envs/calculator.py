@@ -128,6 +128,7 @@ class CalculatorEnv(ToolEnv):
     """Word problems with one `calculator` tool; success = the correct final answer."""
 
     name = "calculator"
+    reward_terms = (("answer_match", 1.0),)
 
     def __init__(
         self,

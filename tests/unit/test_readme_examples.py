@@ -1,7 +1,8 @@
-"""The README's extension snippets work as written: a tool, an env, a reward, an estimator."""
+"""The README's extension snippets work as written: a tool, two envs, a reward, an estimator."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -11,10 +12,10 @@ import yaml
 
 from agent_core.algorithms import AdvantageOptions, StepArrays
 from agent_core.config import load_config
-from agent_core.envs import make_env
+from agent_core.envs import make_env, make_tasks
 from agent_core.records import Action
 from agent_core.registry import resolve
-from agent_core.rewards import reward_fn
+from agent_core.rewards import configured_terms, reward_fn
 from tests.conftest import REPO
 
 MARK = "# readme-example: my_ext.py"
@@ -24,7 +25,7 @@ MARK = "# readme-example: my_ext.py"
 def my_ext(tmp_path_factory: pytest.TempPathFactory):
     readme = (REPO / "README.md").read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if b.startswith(MARK)]
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     folder = tmp_path_factory.mktemp("ext")
     (folder / "my_ext.py").write_text("\n".join(blocks))
     sys.path.insert(0, str(folder))
@@ -59,6 +60,33 @@ def test_env_and_tool_run(my_ext: str) -> None:
     assert env.step(Action(text=call)).feedback == "3"
     done = env.step(Action(text=f"Answer: {task.answer}"))
     assert done.done and done.info["success"]
+
+
+def test_guess_env_runs_with_its_config_snippet(my_ext: str) -> None:
+    block = re.search(r"```yaml\n# readme-guess-config\n(.*?)```", my_ext, re.S)
+    assert block, "README lost the guess env's config"
+    section = yaml.safe_load(block.group(1))["env"]
+    config = load_config("smoke", [f"env.{k}={json.dumps(v)}" for k, v in section.items()])
+    env_cfg = config.env
+    (task,) = make_tasks(env_cfg.name, [0], env_cfg.task_options)
+    assert task.meta["top"] == 20
+    secrets = set()
+    for seed in range(8):
+        env = make_env(env_cfg.name, env_cfg.max_steps, False, env_cfg.kwargs, env_cfg.context)
+        env.start_episode(task, seed)
+        secrets.add(env.secret)
+        for _ in range(3):
+            result = env.step(Action(text="0"))
+        assert not result.done and result.info["success"] is False
+        # a one-turn window: the task, then only the last guess and its hint
+        assert [m["content"] for m in result.observation.messages] == [task.prompt, "0", "Higher."]
+        assert env.step(Action(text=str(env.secret))).info["success"]
+    assert len(secrets) > 1 and all(1 <= s <= 20 for s in secrets)
+
+
+def test_env_reward_terms_are_the_default(my_ext: str) -> None:
+    config = load_config("smoke", ["env.name=my_ext:WordCountEnv", "reward.terms=null"])
+    assert [(t.name, t.weight) for t in configured_terms(config)] == [("answer_match", 1.0)]
 
 
 def test_reward_and_estimator(my_ext: str) -> None:

@@ -1,0 +1,118 @@
+"""An env class checked against what steprl will call it with: its constructor (max_steps,
+few_shot, its tools' settings, env.kwargs), `make_task(seed, **env.task_options)`, `reset` and
+the context policy. Each problem is a ValueError naming the env and the parameter, raised at
+config load instead of a TypeError at the first rollout.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from agent_core.envs import constructor_arguments
+from agent_core.envs.base import AgentEnv
+
+# Constructor keywords that config fields of their own set (never env.kwargs).
+OWN_FIELDS = {"max_steps": "env.max_steps", "few_shot": "env.few_shot", "context": "env.context"}
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _fit(
+    fn: Callable[..., Any], given: set[str], skip: int
+) -> tuple[list[str], list[str], list[str]]:
+    """(unknown keywords, required parameters not given, accepted keywords) of calling `fn`
+    with `skip` leading positional arguments and the keywords `given`."""
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    accepted = sorted(p.name for p in params if p.kind in _NAMED)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    unknown = [] if takes_any else sorted(given - set(accepted))
+    missing = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and p.name not in given
+    ]
+    return unknown, missing, accepted
+
+
+def check_constructor(
+    cls: type[AgentEnv],
+    name: str,
+    kwargs: dict[str, Any],
+    tool_options: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """The constructor takes every keyword `make_env` passes and needs no other."""
+    for key in kwargs:
+        if key in OWN_FIELDS:
+            raise ValueError(f"{key!r} is set by {OWN_FIELDS[key]}, not env.kwargs: move it there")
+    given = set(constructor_arguments(cls, 1, True, kwargs, tool_options))
+    if "context" in inspect.signature(cls).parameters:
+        given.add("context")
+    unknown, missing, accepted = _fit(cls, given, 0)
+    if unknown:
+        key = unknown[0]
+        if key not in kwargs:  # steprl's own keyword (max_steps)
+            raise ValueError(
+                f"env {name!r}: its constructor takes no {key!r}, which steprl passes from "
+                f"{OWN_FIELDS[key]}: add a {key} parameter to its __init__"
+            )
+        choices = ", ".join(k for k in accepted if k not in OWN_FIELDS) or "(none)"
+        raise ValueError(
+            f"env {name!r} takes no keyword {key!r}: use one of {choices} or remove it"
+        )
+    if missing:
+        raise ValueError(
+            f"env {name!r} needs the constructor parameter {missing[0]!r}, which steprl does not "
+            f"pass: set env.kwargs.{missing[0]}, or give it a default"
+        )
+
+
+def check_task_options(cls: type[AgentEnv], name: str, task_options: dict[str, Any]) -> None:
+    """`make_task(seed, **task_options)` binds: no unknown option, no required one left out."""
+    unknown, missing, accepted = _fit(cls.make_task, set(task_options), 1)
+    if unknown:
+        raise ValueError(
+            f"env {name!r}: make_task takes no option {unknown[0]!r}: use one of "
+            f"{', '.join(accepted) or '(none)'} in env.task_options, or remove it"
+        )
+    if missing:
+        raise ValueError(
+            f"env {name!r}: make_task needs the parameter {missing[0]!r}: set "
+            f"env.task_options.{missing[0]}, or give it a default"
+        )
+
+
+def check_reset(cls: type[AgentEnv], name: str) -> None:
+    """`reset(task)` or `reset(task, rng)`: steprl passes nothing else."""
+    _, missing, _ = _fit(cls.reset, {"rng"}, 2)
+    if missing:
+        raise ValueError(
+            f"env {name!r}: reset needs the parameter {missing[0]!r}, which steprl does not pass: "
+            "reset(self, task) or reset(self, task, rng) (a random.Random seeded per episode)"
+        )
+
+
+def check_context(cls: type[AgentEnv], name: str, context: str | dict[str, Any]) -> None:
+    """A context policy other than 'full' only for an env that takes one."""
+    full = context == "full" or (isinstance(context, dict) and context.get("name") == "full")
+    if not full and not cls.takes_context:
+        raise ValueError(
+            f"env {name!r} builds its observations itself (takes_context = False): leave "
+            "env.context at 'full', or keep its messages with start_history/observe"
+        )
+
+
+def check_reward_terms(cls: type[AgentEnv], name: str) -> None:
+    """The env's default reward terms (used when reward.terms is unset) name known rewards."""
+    from agent_core.registry import UnknownNameError
+    from agent_core.rewards import reward_fn
+
+    for term, _ in cls.reward_terms:
+        try:
+            reward_fn(term)
+        except (UnknownNameError, TypeError) as exc:
+            raise ValueError(
+                f"env {name!r}'s default reward term {term!r} (reward.terms is unset): {exc}"
+            ) from None
