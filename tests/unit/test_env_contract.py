@@ -12,6 +12,7 @@ import yaml
 
 from agent_core.agent_flow import AgentFlow
 from agent_core.config import ConfigError, RunConfig, config_from_dict, load_config
+from agent_core.context import SlidingWindow
 from agent_core.envs import AgentEnv, make_env
 from agent_core.records import Action, StepResult, Task
 from agent_core.rewards import configured_terms
@@ -22,7 +23,7 @@ HERE = __name__
 META = RolloutMeta("r", 1, 0, "coin")
 
 
-# The README's kind of env, as an outsider writes it (the class body is 20 lines).
+# The README's kind of env, as an outsider writes it (under 30 lines).
 class CoinEnv(AgentEnv):
     """Call each of a few coin flips drawn per episode; the flips come from reset's rng."""
 
@@ -78,6 +79,13 @@ class NeedsMapTask(CoinEnv):
     @classmethod
     def make_task(cls, seed, map_size):
         return super().make_task(seed)
+
+
+class OldReset(CoinEnv):
+    """A reset without rng (written before steprl passed one): still called, without it."""
+
+    def reset(self, task):
+        return super().reset(task, random.Random(0))
 
 
 class OwnObservations(CoinEnv):
@@ -162,6 +170,9 @@ def test_custom_env_gets_a_window_context_without_wiring(tiny_tokenizer) -> None
     for _ in range(3):
         obs = env.step(Action(text="tails")).observation
     assert [m["content"] for m in obs.messages[1:]] == ["tails", env.history[-1]["content"]]
+    # an __init__ without a context parameter: make_env sets the policy on the env
+    assert isinstance(make_env(f"{HERE}:NeedsSize", 4, False, {"size": 2}, window).context,
+                      SlidingWindow)  # fmt: skip
 
     loop, engine = _loop(tiny_tokenizer, "CoinEnv", window)
     steps, _ = loop.run([CoinEnv.make_task(0, flips=4)], 1, META)
@@ -191,6 +202,14 @@ def test_per_episode_seeds_replay_a_stochastic_env(tiny_tokenizer) -> None:
     for trajectory_id, feedback, _ in first:
         by_episode.setdefault(trajectory_id, []).append(feedback)
     assert len({tuple(f) for f in by_episode.values()}) > 1  # episodes of a group differ
+
+
+def test_a_reset_without_rng_is_called_without_it() -> None:
+    env = OldReset()
+    first = env.start_episode(CoinEnv.make_task(0), seed=123)
+    assert first.messages[0]["content"].startswith("Call 3 coin flips")
+    rng = random.Random(0)
+    assert env.flips == [rng.choice(["heads", "tails"]) for _ in range(3)]
 
 
 def test_env_default_reward_terms_when_config_sets_none() -> None:
