@@ -9,8 +9,14 @@ tokens), 4 episodes per task as in a GRPO group; 64 new tokens, T = 1. Prints ma
 bf16 rollout log-probs are from fp32 ones. All in one process, after a warm-up; the engine
 rows are single runs, the thread and matmul figures best of a few. On a shared box timings
 are noisy (the load average is printed); tok/cpu-s is the steadier figure. No asserts.
-Run from the repo root: .venv/bin/python bench/rollout.py  (about 5 minutes on 2 cores);
---smoke: a tiny random model and tiny sizes (seconds).
+With vLLM installed (`make vllm-env`; --vllm on/off/auto) the same prompts, batches and
+sampling go through a vLLM server started as rollout.engine=vllm does (bf16 where the CPU has
+native bf16 matmuls, else fp32): tok/s side by side with the ratio, vLLM's start-up and
+weight-sync seconds, one request per batch vs one request per prompt, and its log-probs
+against the fp32 forward.
+Run from the repo root: .venv/bin/python bench/rollout.py  (about 5 minutes on 2 cores, 3
+more with vLLM); --smoke: a tiny random model and tiny sizes (seconds; vLLM only with
+--vllm on).
 """
 
 from __future__ import annotations
@@ -30,8 +36,13 @@ from agent_core.agent_flow import AgentFlow
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.hf_engine import HFRolloutEngine, _common_prefix, sample_tokens
+from agent_core.rollout.remote_engine import RemoteRolloutEngine, RemoteSettings
+from agent_core.rollout.vllm_server import VLLMServer
+from agent_core.trainer.policy_trainer import resolve_compute_dtype
+from configs.rollout_engines import VLLMEngineSection
 
 GROUP = 4
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".vllm-venv" / "bin" / "python"
 
 
 @dataclass(frozen=True)
@@ -353,11 +364,92 @@ def roofline_report(results: dict[str, dict], threads: int) -> None:
             )
 
 
+def vllm_side(results: dict[str, dict]) -> None:
+    """The engine table's prompts, batches and sampling through a vLLM server (its own
+    threads: all cores), with its start-up and weight-sync seconds; bf16 where this CPU
+    multiplies bf16 natively, else fp32 (as trainer.dtype=auto picks)."""
+    dtype = resolve_compute_dtype("auto", "cpu")
+    print(f"\n== vLLM ({dtype}, started as rollout.engine=vllm does), same prompts and sampling")
+    start = time.perf_counter()
+    server = VLLMServer(VLLMEngineSection(python=str(VLLM_PYTHON)), SIZES.model, dtype, 0)
+    try:
+        engine = RemoteRolloutEngine(
+            RemoteSettings(base_url=server.base_url, model=server.served_name, send_seed=False,
+                           weight_sync="vllm"),
+            SIZES.model, weights_view=server.view,
+        )  # fmt: skip
+        print(f"  start-up {time.perf_counter() - start:.1f} s (to /health)")
+        timed(engine, episodes(engine.tokenizer, 2), SamplingParams(max_new_tokens=4))  # warm up
+        print("  batch  steprl-tok/s  vLLM-tok/s  steprl/vLLM")
+        for batch in SIZES.batches:
+            own = results[dtype]["rows"][batch][0]
+            timing, _ = timed(engine, episodes(engine.tokenizer, batch))
+            ratio = own.rate / timing.rate
+            print(f"  {batch:5d}  {own.rate:12.0f}  {timing.rate:10.0f}  {ratio:11.2f}")
+        _vllm_requests(engine, server)
+        _vllm_sync(engine, server)
+        _vllm_logprobs(engine, results["float32"]["engine"].model, dtype)
+    finally:
+        server.stop()
+
+
+def _vllm_requests(engine: RemoteRolloutEngine, server: VLLMServer) -> None:
+    """One request holding the whole batch vs one concurrent request per prompt."""
+    batch = SIZES.probe_batch
+    prompts = episodes(engine.tokenizer, batch)
+    single = RemoteRolloutEngine(
+        RemoteSettings(base_url=server.base_url, model=server.served_name, send_seed=False,
+                       prompts_per_request=1, max_concurrency=batch),
+        SIZES.model,
+    )  # fmt: skip
+    whole, _ = timed(engine, prompts)
+    each, _ = timed(single, prompts)
+    print(
+        f"  batch {batch}: one request of {batch} prompts {whole.rate:.0f} tok/s, {batch} "
+        f"concurrent requests of 1 {each.rate:.0f} tok/s"
+    )
+
+
+def _vllm_sync(engine: RemoteRolloutEngine, server: VLLMServer) -> None:
+    """A weight sync as after each update (the untied copy of the folder, then the reload),
+    and the copy alone."""
+    engine.load_checkpoint(SIZES.model, 1)
+    start = time.perf_counter()
+    server.view(SIZES.model)
+    copy = time.perf_counter() - start
+    print(
+        f"  weight sync {engine.sync_seconds[-1]:.2f} s: the untied copy of the folder (alone: "
+        f"{copy:.2f} s), /collective_rpc reload_weights, /reset_prefix_cache"
+    )
+
+
+def _vllm_logprobs(engine: RemoteRolloutEngine, fp32_model, dtype: str) -> None:
+    prompts = episodes(engine.tokenizer, SIZES.probe_batch)[:16]
+    gaps = []
+    with torch.inference_mode():
+        for prompt, gen in zip(prompts, engine.generate(prompts, sampling()), strict=True):
+            ids = torch.tensor([prompt + gen.token_ids])
+            fp32 = _teacher_forced(fp32_model, ids, len(prompt))
+            gaps.append((fp32 - torch.tensor(gen.logprobs)).abs())
+    d = torch.cat(gaps)
+    print(
+        f"  vLLM {dtype} log-probs vs fp32 forward: mean |dlogp| {d.mean():.2e}  p99 "
+        f"{d.quantile(0.99):.2e}  max {d.max():.2e}  ({len(d)} tokens)"
+    )
+
+
 def main() -> None:
     global SIZES
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    if parser.parse_args().smoke:
+    parser.add_argument(
+        "--vllm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the vLLM side: auto = when .vllm-venv exists (not with --smoke)",
+    )
+    args = parser.parse_args()
+    if args.smoke:
         SIZES = Sizes(smoke_model(), 8, (1, 4), 4, 1, 256, 16, (4, 512))
     if not (SIZES.model / "config.json").exists():
         print(f"skipped: no model folder at {SIZES.model} (make setup-model converts SmolLM2)")
@@ -373,6 +465,11 @@ def main() -> None:
     roofline_report(results, threads)
     logprob_gap(results)
     ablations(threads)
+    if args.vllm == "on" or (args.vllm == "auto" and VLLM_PYTHON.is_file() and not args.smoke):
+        vllm_side(results)
+    else:
+        why = "--vllm off" if args.vllm == "off" else "--smoke" if args.smoke else "no .vllm-venv"
+        print(f"\n== vLLM: not run ({why}; make vllm-env installs it)")
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
