@@ -733,7 +733,8 @@ class WarmupSection(Section):
     source: Literal["solver", "file"] = Field(
         "solver",
         description="'solver' = demonstrations played by the env's own solver (solve_step) on "
-        "training seeds; 'file' = a Parquet/JSONL of steps with prompt_ids and response_ids "
+        "training seeds, the episodes its keep_demonstration keeps (by default the successful "
+        "ones); 'file' = a Parquet/JSONL of steps with prompt_ids and response_ids "
         "(e.g. a run's steps.parquet; rows with success=false are skipped).",
     )
     path: str | None = Field(None, description="The demonstrations file when source='file'.")
