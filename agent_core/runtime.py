@@ -126,9 +126,7 @@ def vllm_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
             send_seed=False,  # one seed for a whole request: a group's samples would be equal
             weight_sync="vllm",
         )
-        return RemoteRolloutEngine(
-            settings, weights, server.stop, server.startup_seconds, weights_view=server.view
-        )
+        return RemoteRolloutEngine(settings, weights, server)
     except BaseException:
         server.stop()
         raise

@@ -376,7 +376,7 @@ def vllm_side(results: dict[str, dict]) -> None:
         engine = RemoteRolloutEngine(
             RemoteSettings(base_url=server.base_url, model=server.served_name, send_seed=False,
                            weight_sync="vllm"),
-            SIZES.model, weights_view=server.view,
+            SIZES.model, server,
         )  # fmt: skip
         print(f"  start-up {time.perf_counter() - start:.1f} s (to /health)")
         timed(engine, episodes(engine.tokenizer, 2), SamplingParams(max_new_tokens=4))  # warm up
@@ -390,7 +390,7 @@ def vllm_side(results: dict[str, dict]) -> None:
         _vllm_sync(engine, server)
         _vllm_logprobs(engine, results["float32"]["engine"].model, dtype)
     finally:
-        server.stop()
+        server.stop()  # also when the engine was never built
 
 
 def _vllm_requests(engine: RemoteRolloutEngine, server: VLLMServer) -> None:

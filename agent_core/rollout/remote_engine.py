@@ -5,11 +5,10 @@ text round-trip), and the server's reload of each new checkpoint folder."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from transformers import AutoTokenizer
@@ -21,6 +20,22 @@ TOKEN_ID_PREFIX = "token_id:"  # vLLM's token strings under return_tokens_as_tok
 
 class RemoteEngineError(RuntimeError):
     """The server could not be reached, refused a request, or cannot reload weights."""
+
+
+class OwnedServer(Protocol):
+    """A server process the engine started (VLLMServer) and stops when it closes."""
+
+    startup_seconds: float
+
+    def view(self, folder: Path) -> Path:
+        """The folder the server should load policy `folder` from."""
+        ...
+
+    def log_tail(self) -> str:
+        """The end of the server's output, for errors."""
+        ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -40,18 +55,18 @@ class RemoteSettings:
 class RemoteRolloutEngine:
     """Samples through a server; tokenizes nothing itself (the loop's `tokenizer`, read from
     the policy folder, only builds prompts). Weights move as checkpoint folders the server
-    reads (`load_checkpoint`), never as tensors over HTTP; `close` stops an owned server."""
+    reads (`load_checkpoint`), never as tensors over HTTP; `close` stops an owned `server`,
+    whose log tail errors then quote."""
 
     def __init__(
         self,
         settings: RemoteSettings,
         tokenizer_path: str | Path,
-        on_close: Callable[[], None] | None = None,
-        startup_seconds: float = 0.0,
-        weights_view: Callable[[Path], Path] | None = None,
+        server: OwnedServer | None = None,
     ) -> None:
         self.settings = settings
-        self.startup_seconds = startup_seconds  # of a server this engine started
+        self.server = server
+        self.startup_seconds = server.startup_seconds if server is not None else 0.0
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self.client = httpx.Client(
@@ -59,8 +74,6 @@ class RemoteRolloutEngine:
         )
         self.policy_version = 0
         self.sync_seconds: list[float] = []  # one entry per reload, for reports and benches
-        self._on_close = on_close
-        self._view = weights_view  # where the server reads a checkpoint from (vLLM: a copy)
 
     # ------------------------------------------------------------ generation
 
@@ -114,15 +127,24 @@ class RemoteRolloutEngine:
         except httpx.TimeoutException:
             raise RemoteEngineError(
                 f"{url} did not answer within {self.settings.timeout_s:g} s (rollout timeout_s)"
+                + self._server_log()
             ) from None
         except httpx.TransportError as exc:
             raise RemoteEngineError(
                 f"cannot reach the rollout server at {url} ({exc}): is it running, and is "
-                "rollout.remote.base_url right?"
+                "rollout.remote.base_url right?" + self._server_log()
             ) from None
         if response.status_code >= 400:
-            raise RemoteEngineError(f"{url} answered {response.status_code}: {response.text}")
+            raise RemoteEngineError(
+                f"{url} answered {response.status_code}: {response.text}"
+                + (self._server_log() if response.status_code >= 500 else "")
+            )
         return response.json() if response.content else {}
+
+    def _server_log(self) -> str:
+        if self.server is None:
+            return ""
+        return f"\nthe server's log ends:\n{self.server.log_tail()}"
 
     # ------------------------------------------------------------ weights
 
@@ -130,7 +152,7 @@ class RemoteRolloutEngine:
         """Make the server load the HF checkpoint folder `folder` (a path the server's machine
         sees: a shared run folder) and tag it `policy_version`."""
         start = time.perf_counter()
-        path = str(self._view(folder) if self._view is not None else Path(folder).resolve())
+        path = str(self.server.view(folder) if self.server else Path(folder).resolve())
         sync = self.settings.weight_sync
         if sync == "steprl":
             self._post("/steprl/reload", {"path": path, "policy_version": policy_version})
@@ -150,9 +172,9 @@ class RemoteRolloutEngine:
     def close(self) -> None:
         """Drop the connection pool; stop the server when this engine started it."""
         self.client.close()
-        if self._on_close is not None:
-            self._on_close()
-            self._on_close = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
 
 def _generation(choice: dict) -> Generation:

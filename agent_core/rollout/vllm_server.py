@@ -69,7 +69,7 @@ class VLLMServer:
         try:
             self._wait_ready(cfg.startup_timeout_s)
         except BaseException:
-            self.stop()
+            self.stop(keep_log=True)
             raise
         self.startup_seconds = time.perf_counter() - start
 
@@ -125,8 +125,10 @@ class VLLMServer:
         text = self.log.read_text(errors="replace") if self.log.is_file() else ""
         return text[-_LOG_TAIL:]
 
-    def stop(self) -> None:
-        """Stop the server and the engine processes it spawned (SIGTERM, then SIGKILL)."""
+    def stop(self, keep_log: bool = False) -> None:
+        """Stop the server and the engine processes it spawned (SIGTERM, then SIGKILL). Its
+        log is removed unless asked or the server had died by itself (errors name it)."""
+        keep_log = keep_log or self.process.poll() is not None
         if self.process.poll() is None:
             _signal_group(self.process.pid, signal.SIGTERM)
             try:
@@ -135,6 +137,8 @@ class VLLMServer:
                 _signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if not keep_log:
+            self.log.unlink(missing_ok=True)
         atexit.unregister(self.stop)
 
 

@@ -5,6 +5,7 @@ recomputation."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -145,8 +146,11 @@ def test_a_start_that_times_out_says_so(model_dir) -> None:
          "rollout.vllm.kv_cache_gb=1", "rollout.vllm.max_model_len=512",
          "rollout.vllm.startup_timeout_s=1"],
     )  # fmt: skip
-    with pytest.raises(TimeoutError, match="startup_timeout_s"):
+    with pytest.raises(TimeoutError, match="startup_timeout_s") as info:
         runtime.new_engine(cfg, model_dir)
+    log = Path(re.search(r"its log \((.+?)\)", str(info.value)).group(1))
+    assert log.is_file()  # kept for the user, whom the error points at it
+    log.unlink()
 
 
 def test_run_end_stops_the_server(engine, tmp_path) -> None:
