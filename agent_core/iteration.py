@@ -520,11 +520,13 @@ def update(
     rows = train_rows(read_partition(run_dir, iteration), cfg)
     metrics = metrics_dict(trainer.update(rows, iteration))
     crash_point("update", iteration)
+    saving = time.perf_counter()
     trainer.save(
         ckpt,
         {"iteration": iteration, "policy_version": iteration, "metrics": metrics},
         on_half_written=lambda: crash_point("checkpoint", iteration),
     )
+    metrics["checkpoint_seconds"] = time.perf_counter() - saving
     result = UpdateResult(
         iteration=iteration,
         policy_version=iteration,

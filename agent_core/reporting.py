@@ -78,7 +78,8 @@ def iteration_metrics(
     gen_tokens = sum(s.generated_tokens for s in shards)
     gen_seconds = sum(s.generate_seconds for s in shards)
     metrics = dict(scored.metrics)
-    metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k != "seconds"}
+    timings = {k: v for k, v in upd.metrics.items() if k.endswith("seconds")}
+    metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k not in timings}
     metrics |= {
         "rollout/episodes": float(sum(s.episodes for s in shards)),
         "rollout/steps": float(sum(s.steps for s in shards)),
@@ -92,6 +93,14 @@ def iteration_metrics(
         "timing_s/score": scored.seconds,
         "timing_s/write_replay": partition.seconds,
         "timing_s/update": upd.seconds,
+        # inside the update: old log-prob recompute, forward + backward (reference forwards
+        # included), optimizer steps, checkpoint write
+        "timing_s/update_recompute": timings.get("recompute_seconds", 0.0),
+        "timing_s/update_forward_backward": timings.get("seconds", 0.0)
+        - timings.get("recompute_seconds", 0.0)
+        - timings.get("optimizer_seconds", 0.0),
+        "timing_s/update_optimizer": timings.get("optimizer_seconds", 0.0),
+        "timing_s/update_checkpoint": timings.get("checkpoint_seconds", 0.0),
         "timing_s/sync": sync_seconds,
     }
     return metrics

@@ -67,7 +67,11 @@ class UpdateMetrics:
     # (how far the rollout engine's numerics are from the trainer's; 0 when not recomputed)
     rollout_logprob_diff_mean: float = 0.0
     rollout_logprob_diff_max: float = 0.0
+    # where the update's time went: all of it, the old log-prob recompute forwards, and the
+    # optimizer steps (grad norm + AdamW); the rest is forward + backward
     seconds: float = 0.0
+    recompute_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
 
 
 # per-micro-batch sums that ranks add up ("norm" is global already)
@@ -225,6 +229,7 @@ class PolicyTrainer:
         epochs = self.cfg.epochs if epochs is None else epochs
         metrics = UpdateMetrics(rows=len(rows))
         rows = rows if self._sft else self._train_rows(rows, metrics)
+        metrics.recompute_seconds = time.perf_counter() - start
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
         metrics.sequences, metrics.packed_trajectories = len(sequences), packed
         tokens = [s.input_ids for s in sequences]
@@ -307,22 +312,29 @@ class PolicyTrainer:
                 sums[key] = sums.get(key, 0.0) + value
             metrics.trained_tokens += batch.response_tokens
             metrics.padded_tokens += int(batch.input_ids.numel())
+        stepping = time.perf_counter()
+        self._step(metrics, sums, done)
+        metrics.optimizer_seconds += time.perf_counter() - stepping
+        return done
+
+    def _step(self, metrics: UpdateMetrics, sums: dict, done: int) -> None:
+        """One optimizer step on the accumulated gradients, unless no micro-batch of any rank
+        added a finite one or the gradient is not finite (then the step is skipped)."""
         if not self._any_rank(done > 0):  # every micro-batch had a non-finite loss
             self.engine.zero_grad()
             metrics.skipped_steps += 1
-            return done
+            return
         norm = self._grad_norm()
         if norm is not None and self._any_rank(not math.isfinite(norm)):
             # a non-finite gradient never reaches the weights (or a checkpoint)
             self.engine.zero_grad()
             metrics.skipped_steps += 1
-            return done
+            return
         self.engine.step()
         if norm is None or self.world > 1:  # the local norm is not the global one
             norm = self.engine.get_global_grad_norm()
         sums["norm"] = sums.get("norm", 0.0) + float(norm or 0.0)
         metrics.optimizer_steps += 1
-        return done
 
     def _collate(self, sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
         if self._tree is not None:
