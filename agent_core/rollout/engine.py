@@ -42,5 +42,7 @@ class RolloutEngine(Protocol):
         ...
 
     def load_weights(self, state_dict: dict, policy_version: int) -> None:
-        """Replace the weights with the trainer's, tagging them with `policy_version`."""
+        """Replace the weights with the trainer's, tagging them with `policy_version`. (A
+        server engine, `RemoteRolloutEngine`, has its server read the checkpoint folder
+        instead: `load_checkpoint(folder, policy_version)`.)"""
         ...
