@@ -369,6 +369,7 @@ def _estimate(
     options = AdvantageOptions(
         gamma=algo.gamma,
         norm_by_std=algo.norm_by_std,
+        batch_std=algo.batch_std,
         epsilon=algo.epsilon,
         lam=algo.lam,
         kl_coef=algo.kl_coef,

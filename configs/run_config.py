@@ -412,9 +412,17 @@ class AlgorithmSection(Section):
         1.0, ge=0.0, le=1.0, description="Discount across agent steps (not tokens)."
     )
     norm_by_std: bool = Field(
+        False,
+        description="'grpo', 'gigpo': divide the group-centred return by the group std "
+        "(True = GRPO as published; False = Dr. GRPO, centring only). The group std turns tiny "
+        "reward differences into full-size advantages and, with a stochastic payout, favours "
+        "the option that pays often over the one that pays more on average.",
+    )
+    batch_std: bool = Field(
         True,
-        description="GRPO: divide the group-centred return by the group std "
-        "(False = Dr. GRPO style, centring only).",
+        description="'grpo': divide the group-centred advantages by their std over all of the "
+        "iteration's trajectories (one scale for the whole batch, so the learning rate means "
+        "the same for any reward scale, and the expected gradient keeps its direction).",
     )
     epsilon: float = Field(1e-6, gt=0.0, description="Added to the std before dividing.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (estimator 'gae').")

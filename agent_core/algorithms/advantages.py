@@ -26,6 +26,9 @@ class AdvantageOptions:
 
     gamma: float = 1.0  # discount across agent steps (all estimators)
     norm_by_std: bool = True  # grpo, gigpo: divide by the group std (False = Dr. GRPO)
+    # grpo: divide the group-centred advantages by their std over the whole batch (one scale
+    # for every group, so no group's small reward differences are blown up to full size)
+    batch_std: bool = False
     epsilon: float = 1e-6  # added to every std before dividing
     lam: float = 0.95  # gae: GAE lambda
     kl_coef: float = 0.0  # reinforce_pp, gae: reward -= kl_coef * per-step KL
@@ -111,11 +114,15 @@ def _require(arrays: StepArrays, column: str, estimator: str) -> np.ndarray:
 
 def grpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     """GRPO: each trajectory's return from its first step, centred (and scaled by the unbiased
-    std unless `norm_by_std` is False) within its group; every step of the trajectory gets it.
-    A group of one, or with equal returns, has zero advantage."""
+    std unless `norm_by_std` is False) within its group, then divided by the batch std of
+    those advantages over all trajectories when `batch_std`; every step of the trajectory gets
+    it. A group of one, or with equal returns, has zero advantage."""
     returns = discounted_returns(arrays, options.gamma)
     groups = trajectory_groups(arrays)
     traj_adv, flat = group_normalise(first_step_scores(arrays, returns), groups, options)
+    if options.batch_std and traj_adv.size > 1:
+        scale = traj_adv.std(ddof=1)
+        traj_adv = traj_adv / (scale + options.epsilon) if scale > options.epsilon else traj_adv
     n_groups = int(groups.max()) + 1 if groups.size else 0
     return AdvantageResult(returns, traj_adv[arrays.trajectory], flat, n_groups)
 
