@@ -22,13 +22,11 @@ from agent_core.algorithms.returns import (
 
 @dataclass(frozen=True)
 class AdvantageOptions:
-    """Options shared by estimators (each reads those it needs)."""
+    """Options shared by estimators (each reads those it needs). Defaults are the algorithms as
+    published; a run takes its options from `RunConfig.algorithm`, whose defaults differ."""
 
     gamma: float = 1.0  # discount across agent steps (all estimators)
     norm_by_std: bool = True  # grpo, gigpo: divide by the group std (False = Dr. GRPO)
-    # grpo: divide the group-centred advantages by their std over the whole batch (one scale
-    # for every group, so no group's small reward differences are blown up to full size)
-    batch_std: bool = False
     epsilon: float = 1e-6  # added to every std before dividing
     lam: float = 0.95  # gae: GAE lambda
     kl_coef: float = 0.0  # reinforce_pp, gae: reward -= kl_coef * per-step KL
@@ -37,6 +35,9 @@ class AdvantageOptions:
     # gigpo: the episode term's return: "undiscounted" (the paper, verl-agent) = the sum of the
     # trajectory's rewards; "discounted" = its gamma-discounted return from step 0
     gigpo_episode_return: str = "undiscounted"
+    # grpo: divide the group-centred advantages by their std over the whole batch (one scale
+    # for every group, so no group's small reward differences are blown up to full size)
+    batch_std: bool = False
 
 
 @dataclass(frozen=True)
