@@ -518,7 +518,13 @@ class PolicyTrainer:
             module.save_value_head(tmp, head)
         self._barrier()
         if self.cfg.save_deepspeed_state:
-            self.engine.save_checkpoint(str(tmp / DS_STATE_DIR), tag="state")
+            # LoRA: the frozen base is the base model folder's; only adapters (+ value head)
+            # and their optimizer state go into the DeepSpeed state (not 540 MB of base again)
+            self.engine.save_checkpoint(
+                str(tmp / DS_STATE_DIR),
+                tag="state",
+                exclude_frozen_parameters=self.cfg.lora is not None,
+            )
         self._barrier()
         if self.rank == 0:
             meta = metadata | {"ranks": self.world, "zero_stage": self.cfg.zero_stage}
@@ -543,7 +549,10 @@ class PolicyTrainer:
                 f"{self.cfg.zero_stage}: resume with the same trainer.ranks and "
                 "trainer.zero_stage (the optimizer state is partitioned by them)"
             )
-        self.engine.load_checkpoint(str(state), tag="state")
+        # LoRA's state holds the trainable parameters only (the base comes from its folder)
+        self.engine.load_checkpoint(
+            str(state), tag="state", load_module_strict=self.cfg.lora is None
+        )
         return True
 
 
