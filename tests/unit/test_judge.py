@@ -36,6 +36,7 @@ def _step(trajectory: str, group: str, index: int, text: str, task: str = "t0") 
 
 
 TASKS = {"t0": Task("t0", "What is the capital of Zorbia?", "Quux"), "t1": Task("t1", "2+2?", 4)}
+TINY = "model.source=tiny-random"  # the default model folder exists only after make setup-model
 
 
 class FakeJudge:
@@ -191,17 +192,20 @@ def test_score_steps_adds_the_judge_term_and_counts_failures() -> None:
 
 
 def test_judge_config_loads_and_names_a_missing_folder(tmp_path: Path) -> None:
-    cfg = load_config(None, ["reward.terms=[{name: judge, mode: relative}, {name: answer_match}]"])
+    cfg = load_config(
+        None, [TINY, "reward.terms=[{name: judge, mode: relative}, {name: answer_match}]"]
+    )
     assert isinstance(cfg.reward.terms[0], JudgeTerm) and cfg.reward.terms[0].model == "policy"
     assert isinstance(cfg.reward.terms[1], RewardTerm)
     with pytest.raises(ConfigError, match=r"reward\.terms\.0\.model: .*not a Hugging Face model"):
-        load_config(None, [f"reward.terms=[{{name: judge, model: {tmp_path / 'none'}}}]"])
+        load_config(None, [TINY, f"reward.terms=[{{name: judge, model: {tmp_path / 'none'}}}]"])
     with pytest.raises(ConfigError, match=r"reward\.terms\.0\.mode: Input should be"):
-        load_config(None, ["reward.terms=[{name: judge, mode: pairwise}]"])
+        load_config(None, [TINY, "reward.terms=[{name: judge, mode: pairwise}]"])
     with pytest.raises(ConfigError, match=r"reward\.terms\.1\.mode: .*rollout\.group_size=1"):
         load_config(
             None,
             [
+                TINY,
                 "rollout.group_size=1",
                 "algorithm.estimator=reinforce_pp",
                 "reward.terms=[{name: judge}, {name: judge, mode: relative}]",
@@ -230,5 +234,5 @@ def test_readme_judge_block_loads() -> None:
     block = re.search(r"```yaml\n# readme-judge\n(.*?)```", readme, re.S)
     assert block, "README lost its judge config block"
     terms = yaml.safe_load(block.group(1))["reward"]["terms"]
-    cfg = load_config(None, ["reward.terms=" + json.dumps(terms)])
+    cfg = load_config(None, [TINY, "reward.terms=" + json.dumps(terms)])
     assert cfg.reward.terms[0] == JudgeTerm.model_validate(terms[0])
