@@ -41,3 +41,15 @@ def test_outsider_env_trains_one_iteration(prefect_harness, tmp_path: Path, env:
     assert "actor/optimizer_steps" in summary.last_metrics
     assert "eval/success_rate" in summary.last_metrics
     assert (Path(summary.run_dir) / "checkpoints" / "warmup").is_dir()
+
+
+def test_calculator_agent_sends_the_native_envs_prompt() -> None:
+    """The agent's system prompt and worked exchanges, as the policy server renders OpenAI
+    messages, are the calculator env's own: its learning run compares like with like."""
+    from agent_core.envs.calculator import EXAMPLES, SYSTEM_PROMPT
+    from agent_core.serving.chat import to_messages
+    from tests.outsider.calculator_agent import EXAMPLES as AGENT_EXAMPLES
+    from tests.outsider.calculator_agent import SYSTEM
+
+    sent = to_messages([{"role": "system", "content": SYSTEM}, *AGENT_EXAMPLES])
+    assert sent == [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLES]

@@ -1,2 +1,3 @@
-"""Two envs written as a user of steprl would write them, from the README alone: a stochastic
-choice task and a grid walk with a text map. Tests and `configs/learn_general.yaml` train them."""
+"""Code written as a user of steprl would write it, from the README alone: two envs (a stochastic
+choice task, a grid walk with a text map), trained by tests and `configs/learn_general.yaml`, and
+an OpenAI-SDK calculator agent trained through the policy server."""
