@@ -14,7 +14,7 @@ the same logits, loss and gradients as the padded batch (tests/unit/test_prefix_
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,37 +126,17 @@ def collate(sequences: list[TrainSequence], rows: list[TrainRow], pad_id: int) -
     width = max(len(s.input_ids) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(sequences), width), dtype=torch.long)
-    token_pos, token_step, targets, old = [], [], [], []
-    value_pos, step_rows = [], []
+    offsets = [width - len(seq.input_ids) for seq in sequences]
     for b, seq in enumerate(sequences):
-        offset = width - len(seq.input_ids)
-        ids[b, offset:] = torch.tensor(seq.input_ids, dtype=torch.long)
-        attn[b, offset:] = 1
-        for row_index, start, stop in seq.spans:
-            step = len(step_rows)
-            step_rows.append(rows[row_index])
-            value_pos.append((b, offset + start - 1))
-            for t in range(start, stop):
-                token_pos.append((b, offset + t - 1))  # logits at t - 1 predict token t
-                token_step.append(step)
-                targets.append(seq.input_ids[t])
-            old.extend(rows[row_index].old_logprobs)
-
-    def floats(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32)
-
-    return MicroBatch(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-        token_pos=torch.tensor(token_pos, dtype=torch.long).reshape(-1, 2),
-        targets=torch.tensor(targets, dtype=torch.long),
-        token_step=torch.tensor(token_step, dtype=torch.long),
-        old_logprobs=floats(old),
-        value_pos=torch.tensor(value_pos, dtype=torch.long).reshape(-1, 2),
-        advantages=floats([r.advantage for r in step_rows]),
-        returns=floats([r.return_ for r in step_rows]),
-        old_values=floats([r.value for r in step_rows]),
+        ids[b, offsets[b] :] = torch.tensor(seq.input_ids, dtype=torch.long)
+        attn[b, offsets[b] :] = 1
+    return _micro_batch(
+        sequences,
+        rows,
+        lambda b, t: (b, offsets[b] + t),
+        ids,
+        attn,
+        (attn.cumsum(-1) - 1).clamp(min=0),
     )
 
 
@@ -187,15 +167,35 @@ def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroB
         if parents[node] > 0:
             mask[node - 1] = mask[parents[node] - 1]
         mask[node - 1, node - 1] = True
+    return _micro_batch(
+        sequences,
+        rows,
+        lambda b, t: (0, paths[b][t]),
+        torch.tensor([tokens[1:]], dtype=torch.long),
+        torch.from_numpy(mask)[None, None],
+        torch.tensor([depths[1:]], dtype=torch.long),
+    )
+
+
+def _micro_batch(
+    sequences: list[TrainSequence],
+    rows: list[TrainRow],
+    where: Callable[[int, int], tuple[int, int]],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+) -> MicroBatch:
+    """The response tokens and steps of `sequences` laid out in `input_ids`, where token t of
+    sequence b sits at `where(b, t)` = (batch row, position)."""
     token_pos, token_step, targets, old = [], [], [], []
     value_pos, step_rows = [], []
-    for seq, path in zip(sequences, paths, strict=True):
+    for b, seq in enumerate(sequences):
         for row_index, start, stop in seq.spans:
             step = len(step_rows)
             step_rows.append(rows[row_index])
-            value_pos.append((0, path[start - 1]))
+            value_pos.append(where(b, start - 1))
             for t in range(start, stop):
-                token_pos.append((0, path[t - 1]))  # the position of token t - 1 predicts t
+                token_pos.append(where(b, t - 1))  # logits at t - 1 predict token t
                 token_step.append(step)
                 targets.append(seq.input_ids[t])
             old.extend(rows[row_index].old_logprobs)
@@ -204,9 +204,9 @@ def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroB
         return torch.tensor(values, dtype=torch.float32)
 
     return MicroBatch(
-        input_ids=torch.tensor([tokens[1:]], dtype=torch.long),
-        attention_mask=torch.from_numpy(mask)[None, None],
-        position_ids=torch.tensor([depths[1:]], dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
         token_pos=torch.tensor(token_pos, dtype=torch.long).reshape(-1, 2),
         targets=torch.tensor(targets, dtype=torch.long),
         token_step=torch.tensor(token_step, dtype=torch.long),
