@@ -19,6 +19,7 @@ from agent_core.config import load_config
 from agent_core.models import build_byte_tokenizer
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.remote_engine import RemoteRolloutEngine
+from tests.integration.test_remote_engine import recomputed  # the trainer-side log-probs
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
 
@@ -77,14 +78,6 @@ def engine(model_dir: Path):
 def prompts_of(tokenizer) -> list[list[int]]:
     texts = ["12 + 7 =", "The answer is", "12 + 7 =", "Hello there, how are"]
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-
-
-def recomputed(model, prompt: list[int], response: list[int], t: float) -> list[float]:
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    logp = torch.log_softmax(logits / (t if t > 0 else 1.0), -1)
-    return logp.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).tolist()
 
 
 def mismatch(engine, model, prompts, params) -> list[float]:
