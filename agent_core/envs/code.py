@@ -13,7 +13,7 @@ import re
 from typing import Any, ClassVar
 
 from agent_core.context import ContextPolicy
-from agent_core.envs.code_tasks import PROBLEMS, hidden_tests, reference_function
+from agent_core.envs.code_tasks import PROBLEMS, instance
 from agent_core.envs.code_tests import HiddenTestsResult, run_hidden_tests
 from agent_core.envs.tool_env import ToolEnv
 from agent_core.records import Action, StepResult, Task
@@ -81,17 +81,11 @@ class CodeEnv(ToolEnv):
     def make_task(cls, seed: int) -> Task:
         rng = random.Random(seed)
         problem = PROBLEMS[rng.randrange(len(PROBLEMS))]
-        example_args = problem.draw(rng)
-        example = f"{problem.function}({', '.join(map(repr, example_args))})"
-        result = reference_function(problem)(*example_args)
-        prompt = (
-            f"Write a Python function `{problem.signature}` that {problem.does}. "
-            f"For example, {example} returns {result!r}."
-        )
+        prompt, tests = instance(problem, rng)
         meta = {
             "seed": seed,
             "function": problem.function,
-            "tests": hidden_tests(problem, rng, rng.randint(3, 5)),
+            "tests": tests,
             "reference": problem.reference,
         }
         return Task(task_id=f"code-{seed}", prompt=prompt, answer=None, meta=meta)

@@ -54,20 +54,13 @@ def _repeats(r: random.Random) -> tuple[list[int]]:
     return ([r.randint(0, 6) for _ in range(r.randint(4, 10))],)
 
 
-PROBLEMS: tuple[CodeProblem, ...] = (
+STANDALONE: tuple[CodeProblem, ...] = (
     CodeProblem(
         "reverse_words",
         "reverse_words(s: str) -> str",
         "returns the words of s (separated by single spaces) in reverse order, joined by spaces",
         "def reverse_words(s):\n    return ' '.join(reversed(s.split(' ')))",
         _sentence,
-    ),
-    CodeProblem(
-        "count_vowels",
-        "count_vowels(s: str) -> int",
-        "returns how many characters of s are vowels (a, e, i, o, u, in either case)",
-        "def count_vowels(s):\n    return sum(c in 'aeiouAEIOU' for c in s)",
-        _mixed_case,
     ),
     CodeProblem(
         "is_palindrome",
@@ -108,13 +101,6 @@ PROBLEMS: tuple[CodeProblem, ...] = (
         _ints_and_k,
     ),
     CodeProblem(
-        "sum_of_evens",
-        "sum_of_evens(xs: list[int]) -> int",
-        "returns the sum of the even numbers in xs",
-        "def sum_of_evens(xs):\n    return sum(x for x in xs if x % 2 == 0)",
-        _ints,
-    ),
-    CodeProblem(
         "max_gap",
         "max_gap(xs: list[int]) -> int",
         "returns the largest absolute difference between two neighbouring items of xs",
@@ -129,6 +115,142 @@ PROBLEMS: tuple[CodeProblem, ...] = (
         _sentence,
     ),
 )
+
+# Three families of functions built from parts: an operation on the items of a class. Each
+# part appears in several functions, so a function held out of training (HELD_OUT) is a new
+# combination of parts that training shows in other combinations.
+NUMBER_FILTERS: dict[str, tuple[str, str]] = {  # name: (what the numbers are, the test on x)
+    "evens": ("even", "x % 2 == 0"),
+    "odds": ("odd", "x % 2 != 0"),
+    "positives": ("positive (> 0)", "x > 0"),
+    "negatives": ("negative (< 0)", "x < 0"),
+}
+NUMBER_MAPS: dict[str, tuple[str, str]] = {  # name: (what happens to x, the expression)
+    "double": ("doubled", "2 * x"),
+    "square": ("squared", "x * x"),
+    "negate": ("negated", "-x"),
+    "increment": ("increased by one", "x + 1"),
+}
+CHAR_CLASSES: dict[str, tuple[str, str]] = {  # name: (what the characters are, the test on c)
+    "vowels": ("vowels (a, e, i, o, u, in either case)", "c in 'aeiouAEIOU'"),
+    "digits": ("digits (0-9)", "c.isdigit()"),
+    "uppercase": ("upper-case letters", "c.isupper()"),
+    "spaces": ("spaces", "c == ' '"),
+}
+
+
+def _numbers_for(test: str) -> Callable[[random.Random], Args]:
+    """A list drawer whose lists hold at least one item that passes `test` and one that does
+    not (so that no test has a trivial answer)."""
+    check = eval(f"lambda x: {test}")  # trusted: the test strings above
+
+    def draw(r: random.Random) -> Args:
+        while True:
+            xs = [r.randint(-20, 40) for _ in range(r.randint(4, 9))]
+            if any(map(check, xs)) and not all(map(check, xs)):
+                return (xs,)
+
+    return draw
+
+
+def _text_for(test: str) -> Callable[[random.Random], Args]:
+    """A string drawer (letters of both cases, digits, spaces) whose strings hold at least one
+    character that passes `test` and one that does not."""
+    check = eval(f"lambda c: {test}")  # trusted: the test strings above
+    alphabet = string.ascii_lowercase * 2 + string.ascii_uppercase + string.digits + "   "
+
+    def draw(r: random.Random) -> Args:
+        while True:
+            text = "".join(r.choice(alphabet) for _ in range(r.randint(6, 14)))
+            if any(map(check, text)) and not all(map(check, text)):
+                return (text,)
+
+    return draw
+
+
+def _families() -> tuple[CodeProblem, ...]:
+    problems = []
+    for m, (verb, expr) in NUMBER_MAPS.items():
+        for f, (kind, test) in NUMBER_FILTERS.items():
+            name = f"{m}_{f}"
+            problems.append(
+                CodeProblem(
+                    name,
+                    f"{name}(xs: list[int]) -> list[int]",
+                    f"returns a list of the {kind} numbers of xs, each {verb}, in their order "
+                    "(the other numbers are dropped)",
+                    f"def {name}(xs):\n    return [{expr} for x in xs if {test}]",
+                    _numbers_for(test),
+                )
+            )
+    for f, (kind, test) in NUMBER_FILTERS.items():
+        for name, does, body in (
+            (f"sum_of_{f}", f"returns the sum of the {kind} numbers in xs", "sum(x for x"),
+            (f"count_{f}", f"returns how many numbers in xs are {kind}", "sum(1 for x"),
+        ):
+            problems.append(
+                CodeProblem(
+                    name,
+                    f"{name}(xs: list[int]) -> int",
+                    does,
+                    f"def {name}(xs):\n    return {body} in xs if {test})",
+                    _numbers_for(test),
+                )
+            )
+    for c, (kind, test) in CHAR_CLASSES.items():
+        for name, returns, does, body in (
+            (
+                f"count_{c}",
+                "int",
+                f"returns how many characters of s are {kind}",
+                f"sum(1 for c in s if {test})",
+            ),
+            (
+                f"remove_{c}",
+                "str",
+                f"returns s with all its {kind} removed",
+                f"''.join(c for c in s if not ({test}))",
+            ),
+            (
+                f"keep_{c}",
+                "str",
+                f"returns only the {kind} of s, in their order, as one string",
+                f"''.join(c for c in s if {test})",
+            ),
+        ):
+            problems.append(
+                CodeProblem(
+                    name,
+                    f"{name}(s: str) -> {returns}",
+                    does,
+                    f"def {name}(s):\n    return {body}",
+                    _text_for(test),
+                )
+            )
+    return tuple(problems)
+
+
+PROBLEMS: tuple[CodeProblem, ...] = STANDALONE + _families()
+# Held out of training in the shipped tasks file: one combination per part, so that every
+# map, filter, aggregate, character class and string operation still appears in training.
+HELD_OUT: frozenset[str] = frozenset(
+    {
+        "double_odds",
+        "square_positives",
+        "negate_negatives",
+        "increment_evens",
+        "sum_of_negatives",
+        "count_odds",
+        "remove_vowels",
+        "keep_digits",
+        "count_uppercase",
+    }
+)
+
+
+def problem_named(function: str) -> CodeProblem:
+    """The problem whose function is `function`."""
+    return next(p for p in PROBLEMS if p.function == function)
 
 
 def reference_function(problem: CodeProblem) -> Callable[..., Any]:
@@ -151,3 +273,16 @@ def hidden_tests(problem: CodeProblem, rng: random.Random, count: int) -> list[d
         if len(tests) == count:
             break
     return tests
+
+
+def instance(problem: CodeProblem, rng: random.Random) -> tuple[str, list[dict[str, Any]]]:
+    """One task of `problem`: its prompt (signature, behaviour and one worked call) and 3-5
+    hidden tests, all drawn from `rng`."""
+    example_args = problem.draw(rng)
+    example = f"{problem.function}({', '.join(map(repr, example_args))})"
+    result = reference_function(problem)(*example_args)
+    prompt = (
+        f"Write a Python function `{problem.signature}` that {problem.does}. "
+        f"For example, {example} returns {result!r}."
+    )
+    return prompt, hidden_tests(problem, rng, rng.randint(3, 5))

@@ -10,11 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import ConfigError, config_from_dict
+from agent_core.config import ConfigError, config_from_dict, load_config
 from agent_core.envs import make_env
 from agent_core.envs.code import CodeEnv, extract_code
-from agent_core.envs.code_tasks import PROBLEMS, hidden_tests, reference_function
+from agent_core.envs.code_tasks import (
+    HELD_OUT,
+    PROBLEMS,
+    hidden_tests,
+    problem_named,
+    reference_function,
+)
+from agent_core.envs.code_tasks_file import task_rows
 from agent_core.envs.code_tests import HiddenTestsResult, judge
+from agent_core.evaluation import eval_tasks
+from agent_core.iteration import train_tasks
 from agent_core.records import Action, Task
 from agent_core.tools import python_sandbox
 from agent_core.tools.python_sandbox import sandbox_problem
@@ -142,7 +151,7 @@ def test_extract_code() -> None:
 
 def test_generated_tasks_have_three_to_five_tests_the_reference_passes() -> None:
     seen = set()
-    for seed in range(60):
+    for seed in range(600):
         task = CodeEnv.make_task(seed)
         assert task == CodeEnv.make_task(seed)
         tests = task.meta["tests"]
@@ -154,7 +163,41 @@ def test_generated_tasks_have_three_to_five_tests_the_reference_passes() -> None
         seen.add(task.meta["function"])
     assert seen == {p.function for p in PROBLEMS}
     assert len(hidden_tests(PROBLEMS[0], random.Random(0), 3)) == 3
-    assert reference_function(PROBLEMS[1])("Hello") == 2
+    assert reference_function(problem_named("count_vowels"))("Hello") == 2
+    assert reference_function(problem_named("square_positives"))([-3, 2, 0, 5]) == [4, 25]
+    assert reference_function(problem_named("keep_digits"))("a1 B22") == "122"
+
+
+SHIPPED = Path(__file__).parents[2] / "configs" / "data" / "code_tasks.jsonl"
+
+
+def test_shipped_tasks_file_is_the_generated_one_with_its_held_out_functions_apart() -> None:
+    rows = [json.loads(line) for line in SHIPPED.read_text().splitlines()]
+    assert rows == task_rows(8, 8), "regenerate: python -m agent_core.envs.code_tasks_file"
+    train = {r["function"] for r in rows if r["split"] == "train"}
+    held_out = {r["function"] for r in rows if r["split"] == "held_out"}
+    assert held_out == HELD_OUT and not train & held_out
+    assert len(train) + len(held_out) == len(PROBLEMS)
+    # every part of a held-out function (map, filter, operation, class) trains elsewhere
+    for name in held_out:
+        for part in name.replace("sum_of", "sum").split("_"):
+            assert any(part in t.split("_") for t in train), (name, part)
+    for row in rows:
+        namespace: dict = {}
+        exec(row["reference"], namespace)
+        for test in json.loads(row["tests"]):
+            assert eval(test["call"], namespace) == test["expected"], row["id"]
+
+
+def test_learn_code_evaluates_only_functions_training_never_sees() -> None:
+    cfg = load_config("learn_code", ["model.source=tiny-random"])
+    held_out = eval_tasks(cfg)
+    assert len(held_out) == cfg.eval.episodes == 72
+    assert {t.meta["function"] for t in held_out} == HELD_OUT
+    seen = set()
+    for stream in range(-1, cfg.run.iterations):
+        seen |= {t.meta["function"] for t in train_tasks(cfg, stream, 64)}
+    assert seen and not seen & HELD_OUT
 
 
 @needs_sandbox
