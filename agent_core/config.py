@@ -306,8 +306,8 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def flatten(config: RunConfig) -> dict[str, str]:
-    """Dotted-key view of the config (MLflow params)."""
+def flatten(config: RunConfig | dict[str, Any]) -> dict[str, str]:
+    """Dotted-key view of the config or of its dump (MLflow params)."""
     out: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -317,5 +317,5 @@ def flatten(config: RunConfig) -> dict[str, str]:
         else:
             out[prefix] = str(value)
 
-    walk("", config.model_dump(mode="json"))
+    walk("", config if isinstance(config, dict) else config.model_dump(mode="json"))
     return out

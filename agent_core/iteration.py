@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import yaml
 from pydantic import BaseModel, Field
 
 from agent_core import run_lock, runtime
@@ -195,6 +196,23 @@ def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
     return problems
 
 
+RESUMABLE = ("run.iterations", "run.continue_for")  # settings a rerun changes to go on
+
+
+def changed_settings(recorded: Path, cfg: RunConfig) -> list[str]:
+    """`key: old -> new` for each setting that differs from the run folder's recorded config
+    (apart from how many iterations to run); none for a new run folder."""
+    if not recorded.is_file():
+        return []
+    old = flatten(yaml.safe_load(recorded.read_text()) or {})
+    new = flatten(cfg)
+    return [
+        f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+        for key in sorted(old.keys() | new.keys())
+        if key not in RESUMABLE and old.get(key) != new.get(key)
+    ]
+
+
 def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     """Lock the run folder (while this run lives, another run of the same name is refused;
     finish_run unlocks), make the model folder exist, create or reopen the run folder and its
@@ -213,6 +231,14 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
 
     model = cfg.model
     base = ensure_model_folder(model.path, model.source, model.tiny_hidden_size, model.tiny_layers)
+    changed = changed_settings(run_dir / "config.yaml", cfg)
+    if changed:
+        log.warning(
+            "run folder %s was started with other settings (%s); it goes on with the new ones "
+            "(a new run.name starts afresh)",
+            run_dir,
+            "; ".join(changed),
+        )
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, cfg.run.name, flatten(cfg), tags)
     start = 1

@@ -133,8 +133,16 @@ def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
     if summary.held_out_success:
         rates = ", ".join(f"{k}={v:.3f}" for k, v in summary.held_out_success.items())
         held_out = f"  held-out success: {rates}\n"
+    nothing = ""
+    if not summary.iterations_run:
+        nothing = (
+            f"  nothing to run: {summary.run_dir} already holds every iteration up to "
+            "run.iterations; raise run.iterations, set run.continue_for, or pick a new "
+            "run.name\n"
+        )
     return (
         f"\nsteprl run '{config.run.name}' finished iterations {summary.iterations_run}\n"
+        f"{nothing}"
         f"  last metrics: {metrics}\n"
         f"{held_out}"
         f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
