@@ -518,13 +518,13 @@ class PolicyTrainer:
             module.save_value_head(tmp, head)
         self._barrier()
         if self.cfg.save_deepspeed_state:
-            # LoRA: the frozen base is the base model folder's; only adapters (+ value head)
-            # and their optimizer state go into the DeepSpeed state (not 540 MB of base again)
-            self.engine.save_checkpoint(
-                str(tmp / DS_STATE_DIR),
-                tag="state",
-                exclude_frozen_parameters=self.cfg.lora is not None,
-            )
+            # the weights are in the folder already (fp32: bf16 is autocast over fp32
+            # weights; LoRA: the frozen base is the base model folder's), so the DeepSpeed
+            # state holds the optimizer state, not the weights a second time (540 MB on 135M)
+            with self._weights_left_out():
+                self.engine.save_checkpoint(
+                    str(tmp / DS_STATE_DIR), tag="state", exclude_frozen_parameters=True
+                )
         self._barrier()
         if self.rank == 0:
             meta = metadata | {"ranks": self.world, "zero_stage": self.cfg.zero_stage}
@@ -549,11 +549,26 @@ class PolicyTrainer:
                 f"{self.cfg.zero_stage}: resume with the same trainer.ranks and "
                 "trainer.zero_stage (the optimizer state is partitioned by them)"
             )
-        # LoRA's state holds the trainable parameters only (the base comes from its folder)
-        self.engine.load_checkpoint(
-            str(state), tag="state", load_module_strict=self.cfg.lora is None
-        )
+        # the weights came from the folder; the state adds the optimizer's (and, in a
+        # checkpoint of an earlier version or under ZeRO-3, the weights again: the same)
+        self.engine.load_checkpoint(str(state), tag="state", load_module_strict=False)
         return True
+
+    @contextlib.contextmanager
+    def _weights_left_out(self):
+        """While saving the DeepSpeed state, mark every weight frozen, so that its module
+        state leaves them out (`exclude_frozen_parameters`); under ZeRO-3 the module state
+        is a placeholder anyway, and its partitioned parameters are left untouched."""
+        trainable = [p for p in self.engine.module.parameters() if p.requires_grad]
+        if self.cfg.zero_stage >= 3:
+            trainable = []
+        try:
+            for p in trainable:
+                p.requires_grad_(False)
+            yield
+        finally:
+            for p in trainable:
+                p.requires_grad_(True)
 
 
 def native_bf16(device_type: str) -> bool:
