@@ -559,9 +559,8 @@ class PolicyTrainer:
         """While saving the DeepSpeed state, mark every weight frozen, so that its module
         state leaves them out (`exclude_frozen_parameters`); under ZeRO-3 the module state
         is a placeholder anyway, and its partitioned parameters are left untouched."""
-        trainable = [p for p in self.engine.module.parameters() if p.requires_grad]
-        if self.cfg.zero_stage >= 3:
-            trainable = []
+        params = self.engine.module.parameters() if self.cfg.zero_stage < 3 else []
+        trainable = [p for p in params if p.requires_grad]
         try:
             for p in trainable:
                 p.requires_grad_(False)
