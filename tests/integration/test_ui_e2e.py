@@ -234,6 +234,16 @@ def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(UI_TIMEOUT_MS)
+    refused: list[str] = []  # what the API answered the UI with an error (for the failure)
+
+    def note_refusal(response) -> None:
+        if "/api/" in response.url and response.status >= 400:
+            with contextlib.suppress(Exception):  # a body the browser no longer holds
+                refused.append(f"{response.request.method} {response.url} -> {response.status}: "
+                               f"{response.text()[:500]}")  # fmt: skip
+
+    page.on("response", note_refusal)
+    page.on("pageerror", lambda error: refused.append(f"page error: {error}"))
     try:
         _open_custom_run_form(page, served, deployment)
         page.locator(".flow-run-name-input input").fill(RUN_NAME)
@@ -244,7 +254,11 @@ def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
             f"the flow run '{RUN_NAME}' created from the UI",
             lambda: _flow_runs_named(served, RUN_NAME),
             30,
-            lambda: f"toasts: {page.locator('.p-toast-container').all_inner_texts()}",
+            lambda: (
+                f"toasts: {page.locator('.p-toast-container').all_inner_texts()}\n"
+                f"API and page errors: {refused}\nPrefect server log: "
+                f"{_tail(served.root / '.steprl' / 'prefect-server.log')}"
+            ),
         )
     except BaseException:
         with contextlib.suppress(Exception):
