@@ -91,7 +91,7 @@ class CodeEnv(ToolEnv):
         return Task(task_id=f"code-{seed}", prompt=prompt, answer=None, meta=meta)
 
     def solve_step(self) -> str | None:
-        """The reference solution (generated tasks only)."""
+        """The reference solution (generated tasks, and file tasks with a `reference` column)."""
         if self.task is None or "reference" not in self.task.meta:
             return None
         return f"```python\n{self.task.meta['reference']}\n```"

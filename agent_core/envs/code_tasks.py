@@ -32,10 +32,6 @@ def _sentence(r: random.Random) -> tuple[str]:
     return (" ".join(_word(r) for _ in range(r.randint(2, 6))),)
 
 
-def _mixed_case(r: random.Random) -> tuple[str]:
-    return ("".join(r.choice(string.ascii_letters + "  ") for _ in range(r.randint(4, 14))),)
-
-
 def _palindrome(r: random.Random) -> tuple[str]:
     half = _word(r)
     text = half + half[::-1] if r.random() < 0.5 else _word(r) + _word(r)
@@ -139,33 +135,28 @@ CHAR_CLASSES: dict[str, tuple[str, str]] = {  # name: (what the characters are, 
 }
 
 
-def _numbers_for(test: str) -> Callable[[random.Random], Args]:
-    """A list drawer whose lists hold at least one item that passes `test` and one that does
-    not (so that no test has a trivial answer)."""
-    check = eval(f"lambda x: {test}")  # trusted: the test strings above
+def _mixed(sample: Callable[[random.Random], Any], var: str, test: str) -> Callable:
+    """A drawer of one argument from `sample` (a list or a string) that holds at least one
+    item passing `test` (on the item named `var`) and one failing it, so that no test has a
+    trivial answer."""
+    check = eval(f"lambda {var}: {test}")  # trusted: the test strings above
 
     def draw(r: random.Random) -> Args:
         while True:
-            xs = [r.randint(-20, 40) for _ in range(r.randint(4, 9))]
-            if any(map(check, xs)) and not all(map(check, xs)):
-                return (xs,)
+            items = sample(r)
+            if any(map(check, items)) and not all(map(check, items)):
+                return (items,)
 
     return draw
 
 
-def _text_for(test: str) -> Callable[[random.Random], Args]:
-    """A string drawer (letters of both cases, digits, spaces) whose strings hold at least one
-    character that passes `test` and one that does not."""
-    check = eval(f"lambda c: {test}")  # trusted: the test strings above
+def _numbers(r: random.Random) -> list[int]:
+    return [r.randint(-20, 40) for _ in range(r.randint(4, 9))]
+
+
+def _text(r: random.Random) -> str:
     alphabet = string.ascii_lowercase * 2 + string.ascii_uppercase + string.digits + "   "
-
-    def draw(r: random.Random) -> Args:
-        while True:
-            text = "".join(r.choice(alphabet) for _ in range(r.randint(6, 14)))
-            if any(map(check, text)) and not all(map(check, text)):
-                return (text,)
-
-    return draw
+    return "".join(r.choice(alphabet) for _ in range(r.randint(6, 14)))
 
 
 def _families() -> tuple[CodeProblem, ...]:
@@ -180,7 +171,7 @@ def _families() -> tuple[CodeProblem, ...]:
                     f"returns a list of the {kind} numbers of xs, each {verb}, in their order "
                     "(the other numbers are dropped)",
                     f"def {name}(xs):\n    return [{expr} for x in xs if {test}]",
-                    _numbers_for(test),
+                    _mixed(_numbers, "x", test),
                 )
             )
     for f, (kind, test) in NUMBER_FILTERS.items():
@@ -194,7 +185,7 @@ def _families() -> tuple[CodeProblem, ...]:
                     f"{name}(xs: list[int]) -> int",
                     does,
                     f"def {name}(xs):\n    return {body} in xs if {test})",
-                    _numbers_for(test),
+                    _mixed(_numbers, "x", test),
                 )
             )
     for c, (kind, test) in CHAR_CLASSES.items():
@@ -224,7 +215,7 @@ def _families() -> tuple[CodeProblem, ...]:
                     f"{name}(s: str) -> {returns}",
                     does,
                     f"def {name}(s):\n    return {body}",
-                    _text_for(test),
+                    _mixed(_text, "c", test),
                 )
             )
     return tuple(problems)
@@ -246,11 +237,6 @@ HELD_OUT: frozenset[str] = frozenset(
         "count_uppercase",
     }
 )
-
-
-def problem_named(function: str) -> CodeProblem:
-    """The problem whose function is `function`."""
-    return next(p for p in PROBLEMS if p.function == function)
 
 
 def reference_function(problem: CodeProblem) -> Callable[..., Any]:

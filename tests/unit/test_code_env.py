@@ -17,7 +17,6 @@ from agent_core.envs.code_tasks import (
     HELD_OUT,
     PROBLEMS,
     hidden_tests,
-    problem_named,
     reference_function,
 )
 from agent_core.envs.code_tasks_file import task_rows
@@ -147,6 +146,10 @@ def test_extract_code() -> None:
     )
     assert extract_code("def f():\n    return 1") == "def f():\n    return 1"
     assert extract_code("no code here") is None
+
+
+def problem_named(function: str):
+    return next(p for p in PROBLEMS if p.function == function)
 
 
 def test_generated_tasks_have_three_to_five_tests_the_reference_passes() -> None:
