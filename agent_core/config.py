@@ -319,3 +319,26 @@ def flatten(config: RunConfig | dict[str, Any]) -> dict[str, str]:
 
     walk("", config if isinstance(config, dict) else config.model_dump(mode="json"))
     return out
+
+
+RESUMABLE = ("run.iterations", "run.continue_for")  # settings a rerun changes to go on
+
+
+def changed_settings(recorded: Path, config: RunConfig) -> list[str]:
+    """`key: old -> new` for each setting that differs from a run folder's recorded config
+    (`dump_config`'s file), apart from how many iterations to run; none for a new run
+    folder, and one line saying so when the recorded file cannot be read (a crash while it
+    was written must not stop the rerun)."""
+    if not recorded.is_file():
+        return []
+    try:
+        loaded = yaml.safe_load(recorded.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        return [f"{recorded.name}: unreadable, so unknown ({type(exc).__name__})"]
+    old = flatten(loaded if isinstance(loaded, dict) else {})
+    new = flatten(config)
+    return [
+        f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+        for key in sorted(old.keys() | new.keys())
+        if key not in RESUMABLE and old.get(key) != new.get(key)
+    ]

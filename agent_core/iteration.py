@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import yaml
 from pydantic import BaseModel, Field
 
 from agent_core import run_lock, runtime
 from agent_core.agent_flow import AgentFlow
 from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.returns import StepArrays
-from agent_core.config import dump_config, flatten
+from agent_core.config import changed_settings, dump_config, flatten
 from agent_core.envs import env_class, make_env, make_tasks
 from agent_core.faults import crash_point
 from agent_core.judge_engines import judge_engines
@@ -194,23 +193,6 @@ def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
                             folder / "scored.json"]:  # fmt: skip
                 remove_staged(derived)
     return problems
-
-
-RESUMABLE = ("run.iterations", "run.continue_for")  # settings a rerun changes to go on
-
-
-def changed_settings(recorded: Path, cfg: RunConfig) -> list[str]:
-    """`key: old -> new` for each setting that differs from the run folder's recorded config
-    (apart from how many iterations to run); none for a new run folder."""
-    if not recorded.is_file():
-        return []
-    old = flatten(yaml.safe_load(recorded.read_text()) or {})
-    new = flatten(cfg)
-    return [
-        f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
-        for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE and old.get(key) != new.get(key)
-    ]
 
 
 def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:

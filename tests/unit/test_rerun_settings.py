@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_core.config import dump_config, load_config
-from agent_core.iteration import changed_settings
+from agent_core.config import changed_settings, dump_config, load_config
 from flows.train import TrainSummary, where_to_look
 
 TINY = ["model.source=tiny-random"]
@@ -25,6 +24,10 @@ def test_changed_settings_name_key_old_and_new_but_not_the_iteration_count(
     assert "env.name: calculator -> numberline" in changed
     assert any(c.startswith("trainer.learning_rate: ") and c.endswith("-> 0.001") for c in changed)
     assert all(not c.startswith("run.iterations") for c in changed)
+    recorded.write_text("run: {name: [unclosed")  # cut short by a crash while written
+    assert changed_settings(recorded, other) == [
+        "config.yaml: unreadable, so unknown (ParserError)"
+    ]
 
 
 def test_a_rerun_with_nothing_left_says_how_to_go_on() -> None:
