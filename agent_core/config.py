@@ -327,8 +327,8 @@ RESUMABLE = ("run.iterations", "run.continue_for")  # settings a rerun changes t
 def changed_settings(recorded: Path, config: RunConfig) -> list[str]:
     """`key: old -> new` for each setting that differs from a run folder's recorded config
     (`dump_config`'s file), apart from how many iterations to run; none for a new run
-    folder, and one line saying so when the recorded file cannot be read (a crash while it
-    was written must not stop the rerun)."""
+    folder, and one line saying so when the recorded file cannot be read (it is written
+    atomically, but may have been edited by hand)."""
     if not recorded.is_file():
         return []
     try:

@@ -221,7 +221,7 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
             run_dir,
             "; ".join(changed),
         )
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    atomic_write_bytes(run_dir / "config.yaml", dump_config(cfg).encode())
     run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, cfg.run.name, flatten(cfg), tags)
     start = 1
     while _is_logged(run_dir, start):

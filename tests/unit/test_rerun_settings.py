@@ -24,7 +24,7 @@ def test_changed_settings_name_key_old_and_new_but_not_the_iteration_count(
     assert "env.name: calculator -> numberline" in changed
     assert any(c.startswith("trainer.learning_rate: ") and c.endswith("-> 0.001") for c in changed)
     assert all(not c.startswith("run.iterations") for c in changed)
-    recorded.write_text("run: {name: [unclosed")  # cut short by a crash while written
+    recorded.write_text("run: {name: [unclosed")  # a hand edit gone wrong
     assert changed_settings(recorded, other) == [
         "config.yaml: unreadable, so unknown (ParserError)"
     ]
