@@ -48,6 +48,7 @@ from agent_core.rewards import configured_terms, group_trajectories, score_steps
 from agent_core.rollout.agent_loop import AgentFunctionLoop, agent_function_loop
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
+from agent_core.rollout.shard import shard_count, shard_tasks
 from agent_core.serving.episodes import role_metrics
 from agent_core.task_file import sample_train_tasks
 from agent_core.trainer.batching import TrainRow
@@ -305,7 +306,7 @@ def _already_done(run: RunHandle, iteration: int, staged: Path, record: Path) ->
 def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
     """The shard's episodes with policy `iteration - 1` (deterministic for a seed): steps and
     rollout statistics. No files are written."""
-    tasks = iteration_tasks(cfg, iteration)[shard :: cfg.rollout.num_shards]
+    tasks = shard_tasks(iteration_tasks(cfg, iteration), shard, shard_count(cfg))
     version = iteration - 1
     engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
     loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
@@ -464,12 +465,16 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
     return result
 
 
-def commit(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
-    """Commit the scored steps as the iteration's replay partition; drop the staging files."""
+def commit(cfg: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
+    """Commit the scored steps as the iteration's replay partition, refused when their groups
+    and trajectories are not what the estimator assumed; drop the staging files."""
     start = time.perf_counter()
     info = partition_info(run.run_dir, iteration)
     if info is None:
-        info = commit_partition(run.run_dir, iteration, read_ipc(Path(scored.path)))
+        table = read_ipc(Path(scored.path))
+        # an agent function's episode that made no call (for a role) leaves no rows
+        partial = cfg.env.agent is not None
+        info = commit_partition(run.run_dir, iteration, table, cfg.rollout.group_size, partial)
     folder = iteration_dir(run.run_dir, iteration)
     # staged tables go; their small records stay so reruns know the phases are done
     for staged in [*folder.glob("rollouts/*.arrow"), Path(scored.path)]:

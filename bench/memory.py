@@ -63,6 +63,7 @@ def run(root: Path, args: argparse.Namespace) -> None:
     from agent_core import iteration as phases
     from agent_core import reporting
     from agent_core.config import load_config
+    from agent_core.rollout.shard import shard_count
 
     cfg = load_config(
         "smoke" if args.smoke else "calculator_grpo",
@@ -88,10 +89,10 @@ def run(root: Path, args: argparse.Namespace) -> None:
     for k in range(run_h.start_iteration, run_h.iterations + 1):
         shards = [
             measure("collect", k, phases.collect_shard, cfg, run_h, k, shard)
-            for shard in range(cfg.rollout.num_shards)
+            for shard in range(shard_count(cfg))
         ]
         scored = measure("score", k, phases.score, cfg, run_h, k, shards)
-        partition = measure("write_replay", k, phases.commit, run_h, k, scored)
+        partition = measure("write_replay", k, phases.commit, cfg, run_h, k, scored)
         updated = measure("update", k, phases.update, cfg, run_h, k, partition)
         measure(
             "log", k, reporting.log_iteration, cfg, run_h, k, shards, scored, partition, updated

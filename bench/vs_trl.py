@@ -68,14 +68,15 @@ def run_steprl(cfg) -> list[dict[str, float]]:
     """steprl iterations through the phase functions; seconds per phase and in all."""
     from agent_core import iteration as phases
     from agent_core import reporting
+    from agent_core.rollout.shard import shard_count
 
     run = phases.prepare_run(cfg, {})
     out = []
     for k in range(run.start_iteration, run.iterations + 1):
         start = time.perf_counter()
-        shards = [phases.collect_shard(cfg, run, k, s) for s in range(cfg.rollout.num_shards)]
+        shards = [phases.collect_shard(cfg, run, k, s) for s in range(shard_count(cfg))]
         scored = phases.score(cfg, run, k, shards)
-        partition = phases.commit(run, k, scored)
+        partition = phases.commit(cfg, run, k, scored)
         updated = phases.update(cfg, run, k, partition)
         reporting.log_iteration(cfg, run, k, shards, scored, partition, updated)
         wall = time.perf_counter() - start

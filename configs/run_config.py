@@ -291,9 +291,12 @@ class RolloutSection(Section):
     num_shards: int = Field(
         1,
         ge=1,
-        description="Rollout shards mapped as parallel Prefect tasks (whole groups per shard). "
-        "The shard layout fixes batches and sampling seeds: the same shards give the same step "
-        "rows wherever they run. With rollout workers, max(num_shards, workers) shards.",
+        description="Rollout shards of an iteration: its task groups split into this many "
+        "Prefect tasks (whole groups per shard; max(num_shards, workers) with rollout "
+        "workers). Shards add parallelism only on rollout workers (one engine each); in the "
+        "flow's own process they share its one engine, so more shards only mean smaller "
+        "generate batches. The shard count fixes batches and sampling seeds: the same count "
+        "gives the same step rows wherever the shards run.",
     )
     workers: int = Field(
         0,
@@ -693,6 +696,15 @@ class RaySection(Section):
         description="A multi-rank update call (update, save, values) that has not finished "
         "after this many seconds fails, naming the ranks that did not answer; all ranks are "
         "then stopped so nothing waits in a collective forever.",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="While a rollout worker or trainer rank runs a call, it answers heartbeats "
+        "on a thread of its own; one that answers none for this many seconds (a stopped or "
+        "frozen process, which Ray still takes for alive) is found within about twice this "
+        "and taken for dead: a worker is replaced and its shard redone, a rank fails the call "
+        "by name. Raise it if a loaded node answers slowly.",
     )
 
 

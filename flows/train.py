@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from agent_core.config import ConfigError, RunConfig, check_config, load_config
 from agent_core.evaluation import EvalOutcome
-from agent_core.workers.placement import shard_count
+from agent_core.rollout.shard import shard_count
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,
@@ -65,7 +65,7 @@ def train(config: RunConfig) -> TrainSummary:
             shard_futures = [collect_rollouts.submit(config, run, k, shard) for shard in shards_k]
             shards = [future.result() for future in shard_futures]
             scored = score_rollouts(config, run, k, shards)
-            partition = write_replay(run, k, scored)
+            partition = write_replay(config, run, k, scored)
             updated = update_policy(config, run, k, partition)
             synced = sync_weights(config, run, k)  # rollout workers hold policy k
             logged = log_iteration(config, run, k, shards, scored, partition, updated, synced)

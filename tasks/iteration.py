@@ -86,9 +86,11 @@ def score_rollouts(
 
 
 @task(name="write_replay", retries=1, **CACHED)
-def write_replay(run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
-    """Commit the iteration's Arrow replay partition."""
-    return phases.commit(run, iteration, scored)
+def write_replay(
+    config: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult
+) -> PartitionResult:
+    """Commit the iteration's Arrow replay partition (its groups and trajectories checked)."""
+    return phases.commit(config, run, iteration, scored)
 
 
 @task(name="update_policy", **CACHED)

@@ -1,5 +1,6 @@
 """Step-level replay: the Arrow schema and atomic, manifest-committed Parquet partitions."""
 
+from agent_core.replay.invariants import PartitionInvariantError
 from agent_core.replay.schema import STEP_SCHEMA, steps_to_table, table_to_steps
 from agent_core.replay.store import (
     CorruptPartitionError,
@@ -15,6 +16,7 @@ from agent_core.replay.store import (
 __all__ = [
     "STEP_SCHEMA",
     "CorruptPartitionError",
+    "PartitionInvariantError",
     "commit_partition",
     "complete_iterations",
     "iteration_dir",

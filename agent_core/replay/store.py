@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from polars.exceptions import PanicException
 
 from agent_core.faults import crash_point
+from agent_core.replay.invariants import check_partition
 from agent_core.replay.schema import SCHEMA_VERSION, STEP_SCHEMA, check_schema
 
 STEPS_FILE = "steps.parquet"
@@ -50,9 +52,12 @@ class PartitionInfo:
     schema_version: int = SCHEMA_VERSION
 
 
-# Data files already checked in this process, by (path, mtime, size, inode, manifest sha256):
-# a file rewritten since then (or a new manifest) is checked again.
-_VERIFIED: set[tuple[str, int, int, int, str]] = set()
+# Data files already checked in this process, by (path, mtime, ctime, size, inode, manifest
+# sha256): a file rewritten since then (or a new manifest) is checked again. File times tick
+# coarsely (milliseconds, up to seconds on some file systems), so a file changed within
+# _RACY_NS of its check could keep every field of the key: such a file is never remembered.
+_VERIFIED: set[tuple[str, int, int, int, int, str]] = set()
+_RACY_NS = 2_000_000_000
 
 
 def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
@@ -137,9 +142,19 @@ def _schema_checked(table: pa.Table, path: Path) -> pa.Table:
     return table
 
 
-def commit_partition(run_dir: str | Path, iteration: int, table: pa.Table) -> PartitionInfo:
-    """Write iteration `iteration`'s steps as zstd Parquet, then its manifest (the commit)."""
-    check_schema(table, f"iteration {iteration} steps")
+def commit_partition(
+    run_dir: str | Path,
+    iteration: int,
+    table: pa.Table,
+    group_size: int | None = None,
+    partial_groups: bool = False,
+) -> PartitionInfo:
+    """Write iteration `iteration`'s steps as zstd Parquet, then its manifest (the commit),
+    after checking their schema and their structure (`check_partition`: unique keys,
+    contiguous steps, groups of one task holding `group_size` trajectories)."""
+    where = f"iteration {iteration} steps"
+    check_schema(table, where)
+    check_partition(table, where, group_size, partial_groups)
     folder = iteration_dir(run_dir, iteration)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / STEPS_FILE
@@ -200,12 +215,27 @@ def _check_file(path: Path, info: PartitionInfo, data: bytes | None = None) -> p
     version = (schema.metadata or {}).get(b"steprl.schema_version", b"").decode()
     if not schema.equals(STEP_SCHEMA, check_metadata=False) or version != str(SCHEMA_VERSION):
         raise CorruptPartitionError(f"{path} does not carry the step schema: {REDO}")
+    _check_iteration_column(path, parquet, info.iteration)
     return parquet
 
 
-def _verified_key(path: Path, info: PartitionInfo) -> tuple[str, int, int, int, str]:
+def _check_iteration_column(path: Path, parquet: pq.ParquetFile, iteration: int) -> None:
+    """Refuse rows of another iteration: a manifest rewritten to match a data file that was
+    swapped or copied from another folder passes every other check."""
+    with reading(path):
+        found = sorted(parquet.read(columns=["iteration"]).column(0).unique().to_pylist())
+    if found and found != [iteration]:
+        others = ", ".join(f"{k} ({iteration_dir('', k)})" for k in found if k != iteration)
+        raise CorruptPartitionError(
+            f"{path} is the partition of iteration {iteration} but holds rows of iteration "
+            f"{others}: data swapped or copied between iteration folders; {REDO}"
+        )
+
+
+def _verified_key(path: Path, info: PartitionInfo) -> tuple[str, int, int, int, int, str]:
     stat = path.stat()
-    return str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino, info.sha256
+    return (str(path.resolve()), stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size,
+            stat.st_ino, info.sha256)  # fmt: skip
 
 
 def verify_partition(run_dir: str | Path, iteration: int) -> PartitionInfo:
@@ -217,11 +247,12 @@ def verify_partition(run_dir: str | Path, iteration: int) -> PartitionInfo:
             f"iteration {iteration} has no committed replay partition under {run_dir}"
         )
     path = Path(info.path)
+    started = time.time_ns()
     key = _verified_key(path, info) if path.is_file() else None  # taken before the check
     if key in _VERIFIED:
         return info
     _check_file(path, info)
-    if key is not None:
+    if key is not None and max(key[1], key[2]) < started - _RACY_NS:
         _VERIFIED.add(key)
     return info
 

@@ -28,11 +28,6 @@ class SyncResult(BaseModel):
     seconds: float
 
 
-def shard_count(cfg: RunConfig) -> int:
-    """Rollout shards of an iteration: `num_shards`, and at least one per worker."""
-    return max(cfg.rollout.num_shards, cfg.rollout.workers)
-
-
 def pool_for(cfg: RunConfig, run: RunHandle):
     """The run's rollout workers in this process (started on first use)."""
     from agent_core.workers.rollout_pool import RolloutPool

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import polars as pl
@@ -24,6 +26,7 @@ from agent_core.replay import (
     steps_to_table,
     store,
     table_to_steps,
+    verify_partition,
 )
 from agent_core.replay.store import (
     MANIFEST_FILE,
@@ -235,8 +238,10 @@ def test_nulls_in_non_null_columns_are_refused(tmp_path: Path) -> None:
 def test_each_partition_is_hashed_once_per_process_until_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(store, "_RACY_NS", 50_000_000)  # files older than 50 ms are remembered
     commit_partition(tmp_path, 1, steps_to_table(make_steps(4)))
     commit_partition(tmp_path, 2, steps_to_table(make_steps(4, iteration=2)))
+    time.sleep(0.06)
     hashed: list[Path] = []
     real = store._sha256
     monkeypatch.setattr(store, "_sha256", lambda path: hashed.append(path) or real(path))
@@ -247,6 +252,52 @@ def test_each_partition_is_hashed_once_per_process_until_it_changes(
     hashed.clear()
     assert scan_steps(tmp_path).collect().height == 10
     assert [p.parent.name for p in hashed] == ["iter_0002"]
+
+
+def _rewrite_in_place(path: Path) -> None:
+    """Change bytes in the middle of `path`, keeping its size, inode and modification time."""
+    stat = path.stat()
+    with path.open("r+b") as fh:
+        fh.seek(stat.st_size // 2)
+        byte = fh.read(1)
+        fh.seek(stat.st_size // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("age_s", [0.0, 0.06], ids=["just-committed", "remembered"])
+def test_a_file_changed_after_its_check_is_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, age_s: float
+) -> None:
+    monkeypatch.setattr(store, "_RACY_NS", 50_000_000)
+    commit_partition(tmp_path, 1, steps_to_table(make_steps(8)))
+    time.sleep(age_s)
+    verify_partition(tmp_path, 1)
+    _rewrite_in_place(iteration_dir(tmp_path, 1) / STEPS_FILE)
+    with pytest.raises(CorruptPartitionError, match="does not match its manifest"):
+        scan_steps(tmp_path)
+
+
+def test_swapped_partitions_with_matching_manifests_are_refused(tmp_path: Path) -> None:
+    for k in (1, 2):
+        commit_partition(tmp_path, k, steps_to_table(make_steps(4, iteration=k)))
+    one, two = iteration_dir(tmp_path, 1) / STEPS_FILE, iteration_dir(tmp_path, 2) / STEPS_FILE
+    swap = tmp_path / "swap.parquet"
+    one.rename(swap)
+    two.rename(one)
+    swap.rename(two)
+    for path in (one, two):  # manifests rewritten to match the swapped files
+        manifest = path.parent / MANIFEST_FILE
+        info = json.loads(manifest.read_text())
+        info |= {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        info |= {"bytes": path.stat().st_size}
+        manifest.write_text(json.dumps(info))
+    with pytest.raises(CorruptPartitionError, match=r"iteration 1 but holds rows of iteration 2"):
+        read_partition(tmp_path, 1)
+    with pytest.raises(CorruptPartitionError, match=r"iteration 2 but holds rows of iteration 1"):
+        verify_partition(tmp_path, 2)
+    with pytest.raises(CorruptPartitionError, match="iter_0002"):
+        scan_steps(tmp_path)
 
 
 def test_a_decoder_panic_becomes_corrupt_partition_error(tmp_path: Path) -> None:

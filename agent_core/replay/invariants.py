@@ -1,0 +1,99 @@
+"""The structure of an iteration's step rows that every advantage estimator relies on, checked
+before a partition is committed: each (trajectory_id, step_index) key once, each trajectory's
+steps numbered 0..n-1 inside one group and one task, each group of one task and its size."""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+
+KEY = ["trajectory_id", "step_index"]
+
+
+class PartitionInvariantError(ValueError):
+    """Step rows that would be scored or trained on wrongly: nothing was committed."""
+
+
+def check_partition(
+    table: pa.Table, where: str, group_size: int | None = None, partial_groups: bool = False
+) -> None:
+    """Raise PartitionInvariantError naming the first key, trajectory or group of `table`
+    that breaks the structure. `group_size`: every group holds exactly that many
+    trajectories (at most, with `partial_groups`: agent-function episodes that made no call
+    for a role leave no rows); None checks no size."""
+    frame = pl.DataFrame(table.select(["group_id", "task_id", *KEY]))
+    _check_keys(frame, where)
+    _check_trajectories(frame, where)
+    _check_groups(frame, where, group_size, partial_groups)
+
+
+def _refuse(where: str, broken: pl.DataFrame, what: str, why: str) -> None:
+    """Raise naming the first of `broken`'s rows (`what` formats it) and how many broke."""
+    if broken.height == 0:
+        return
+    first = broken.row(0, named=True)
+    more = f" (and {broken.height - 1} more)" if broken.height > 1 else ""
+    raise PartitionInvariantError(
+        f"{where}: {what.format(**first)}{more}; {why}. Nothing was committed."
+    )
+
+
+def _check_keys(frame: pl.DataFrame, where: str) -> None:
+    repeated = frame.group_by(KEY).len().filter(pl.col("len") > 1).sort(KEY)
+    _refuse(
+        where,
+        repeated,
+        "step {step_index} of trajectory {trajectory_id!r} is there {len} times",
+        "one episode was collected twice (overlapping shards?), so its advantage and "
+        "its group would be wrong",
+    )
+
+
+def _check_trajectories(frame: pl.DataFrame, where: str) -> None:
+    shape = frame.group_by("trajectory_id").agg(
+        steps=pl.len(),
+        first=pl.col("step_index").min(),
+        last=pl.col("step_index").max(),
+        groups=pl.col("group_id").n_unique(),
+        tasks=pl.col("task_id").n_unique(),
+    )
+    gaps = shape.filter((pl.col("first") != 0) | (pl.col("last") != pl.col("steps") - 1))
+    _refuse(
+        where,
+        gaps.sort("trajectory_id"),
+        "trajectory {trajectory_id!r} has {steps} steps numbered {first}..{last}",
+        "a trajectory's steps must be numbered 0..n-1 for returns to run across them",
+    )
+    split = shape.filter((pl.col("groups") > 1) | (pl.col("tasks") > 1))
+    _refuse(
+        where,
+        split.sort("trajectory_id"),
+        "trajectory {trajectory_id!r} spans {groups} groups and {tasks} tasks",
+        "a trajectory belongs to one group of one task",
+    )
+
+
+def _check_groups(
+    frame: pl.DataFrame, where: str, group_size: int | None, partial_groups: bool
+) -> None:
+    groups = frame.group_by("group_id").agg(
+        trajectories=pl.col("trajectory_id").n_unique(), tasks=pl.col("task_id").n_unique()
+    )
+    _refuse(
+        where,
+        groups.filter(pl.col("tasks") > 1).sort("group_id"),
+        "group {group_id!r} holds trajectories of {tasks} tasks",
+        "a group's baseline compares episodes of one task",
+    )
+    if group_size is None:
+        return
+    wrong = pl.col("trajectories") > group_size
+    if not partial_groups:
+        wrong = wrong | (pl.col("trajectories") < group_size)
+    _refuse(
+        where,
+        groups.filter(wrong).sort("group_id"),
+        "group {group_id!r} holds {trajectories} trajectories, rollout.group_size is "
+        + str(group_size),
+        "every group's baseline is taken over rollout.group_size episodes of its task",
+    )
