@@ -213,7 +213,8 @@ def _plan(
         "scratch": scratch,
         "scratch_mb": limits.scratch_mb,
         "uid": uid,
-        "drop_capabilities": own_userns,
+        # The code would be a root: of its own user namespace, or the host's at level "none".
+        "drop_capabilities": own_userns or (level == "none" and os.geteuid() == 0),
         "landlock_abi": 0 if namespaced else _landlock_abi(),
         "python": _interpreter(),
         "env": _environment(scratch),

@@ -114,7 +114,7 @@ def _exec_program(cfg: dict[str, Any]) -> None:
         if cfg["drop_capabilities"]:
             _drop_capabilities()
         # Before the uid drop: the filter code imports ctypes, which the uid may not read.
-        _forbid_network_sockets()
+        _install_syscall_filter(unix_sockets=cfg["new_root"] is not None)
         if cfg["landlock_abi"]:
             _restrict_files(cfg)
         if cfg["uid"] is not None:
@@ -128,8 +128,9 @@ def _exec_program(cfg: dict[str, Any]) -> None:
 
 
 def _drop_capabilities() -> None:
-    """In a user namespace the program runs as its root: empty the bounding and ambient sets so
-    that exec grants it no capability (no mount, chroot or remount of the read-only view)."""
+    """The program would run as a root (of its own user namespace, or the host's at level
+    "none"): empty the bounding, ambient, inheritable and permitted sets, so that exec grants it
+    no capability (no mount, chroot, remount, hostname, chown or setuid)."""
     import ctypes
     import errno
 
@@ -142,8 +143,13 @@ def _drop_capabilities() -> None:
         if libc.prctl(24, ctypes.c_ulong(cap), zero, zero, zero) != 0:
             err = ctypes.get_errno()
             if err == errno.EINVAL:
-                return
+                break
             raise OSError(err, f"prctl(PR_CAPBSET_DROP, {cap}) failed")
+    # capset, _LINUX_CAPABILITY_VERSION_3: exec as uid 0 would carry the inheritable set over
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    sets = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two 32-bit halves
+    if libc.capset(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def _restrict_files(cfg: dict[str, Any]) -> None:
@@ -178,32 +184,57 @@ def _restrict_files(cfg: dict[str, Any]) -> None:
     os.close(ruleset)
 
 
-def _forbid_network_sockets() -> None:
-    """Seccomp: socket() only for AF_UNIX, no io_uring, and only the native syscall ABI."""
+def _install_syscall_filter(unix_sockets: bool) -> None:
+    """Seccomp, with no_new_privs: only the native syscall ABI, no network sockets, no io_uring,
+    and none of the ways to hold memory or leave state that the host's walk of the call's files
+    and mappings would miss (memfd, SysV and POSIX IPC, kernel keys). Without `unix_sockets`
+    (the host's named sockets are in reach) only connected stream pairs (asyncio's) remain."""
     import ctypes
     import os
     import struct
 
-    arches = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+    # audit arch, socket, socketpair; memfd_create, memfd_secret, shmget, shmat, semget, msgget,
+    # mq_open, add_key, request_key, keyctl, io_uring_setup (which opens sockets unfiltered)
+    arches = {
+        "x86_64": (0xC000003E, 41, 53, (319, 447, 29, 30, 64, 68, 240, 248, 249, 250, 425)),
+        "aarch64": (0xC00000B7, 198, 199, (279, 447, 194, 196, 190, 186, 180, 217, 218, 219, 425)),
+    }
     if os.uname().machine not in arches:
         raise OSError(f"seccomp filter not written for {os.uname().machine}")
-    audit_arch, nr_socket = arches[os.uname().machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    audit_arch, nr_socket, nr_socketpair, denied = arches[os.uname().machine]
+    ld, jeq, jge, and_k, ret = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ...
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    program = [
-        (ld, 0, 0, 4),  # 0: A = arch
-        (jeq, 1, 0, audit_arch),  # 1: native ABI -> 3
-        (ret, 0, 0, deny),  # 2: i386/x32 entry points could bypass the number checks
-        (ld, 0, 0, 0),  # 3: A = syscall number
-        (jge, 5, 0, 0x40000000),  # 4: x32 syscall numbers -> deny
-        (jeq, 4, 0, 425),  # 5: io_uring_setup can create sockets behind seccomp's back
-        (jeq, 0, 2, nr_socket),  # 6: socket() -> 7, anything else -> allow
-        (ld, 0, 0, 16),  # 7: A = low word of the address family
-        (jeq, 0, 1, 1),  # 8: AF_UNIX -> allow, else deny
-        (ret, 0, 0, allow),  # 9
-        (ret, 0, 0, deny),  # 10
+    unix = "allow" if unix_sockets else "deny"
+    program: list[tuple[int, int | str, int | str, int]] = [
+        (ld, 0, 0, 4),  # A = arch
+        (jeq, 0, "deny", audit_arch),  # i386/x32 entry points could bypass the number checks
+        (ld, 0, 0, 0),  # A = syscall number
+        (jge, "deny", 0, 0x40000000),  # x32 syscall numbers
+        *[(jeq, "deny", 0, nr) for nr in denied],
+        (jeq, "socket", 0, nr_socket),
+        (jeq, "socketpair", 0, nr_socketpair),
+        (ret, 0, 0, allow),
+        (ld, 0, 0, 16),  # socket: A = low word of the address family
+        (jeq, unix, "deny", 1),  # AF_UNIX
+        (ld, 0, 0, 16),  # socketpair: a connected stream pair reaches nothing outside the call
+        (jeq, 0, "deny", 1),
+        (ld, 0, 0, 24),  # A = the type
+        (and_k, 0, 0, 0xF),  # without SOCK_NONBLOCK and SOCK_CLOEXEC
+        (jeq, "allow", 0, 1),  # SOCK_STREAM
+        (jeq, "allow", unix, 5),  # SOCK_SEQPACKET; a datagram pair could sendto() a named socket
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
     ]
-    code = b"".join(struct.pack("HBBI", *insn) for insn in program)
+    end = len(program)
+    labels = {"socket": end - 10, "socketpair": end - 8, "allow": end - 2, "deny": end - 1}
+
+    def jump(at: int, target: int | str) -> int:  # BPF jumps are relative and forward only
+        return target if isinstance(target, int) else labels[target] - at - 1
+
+    code = b"".join(
+        struct.pack("HBBI", op, jump(at, jt), jump(at, jf), k)
+        for at, (op, jt, jf, k) in enumerate(program)
+    )
     buffer = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):
@@ -224,7 +255,7 @@ def _forbid_network_sockets() -> None:
 def launcher_source() -> str:
     """The source a fresh `python -I -c` runs: these functions and a call of `_launch`."""
     functions = (_launch, _enter_new_root, _exec_program, _drop_capabilities, _restrict_files)
-    body = "\n\n".join(inspect.getsource(f) for f in (*functions, _forbid_network_sockets))
+    body = "\n\n".join(inspect.getsource(f) for f in (*functions, _install_syscall_filter))
     return f"from __future__ import annotations\n\n{body}\n\nimport json, sys\n" + (
         "_launch(json.loads(sys.argv[1]))\n"
     )
