@@ -1,6 +1,7 @@
 """The Prefect server `steprl serve` starts: Prefect's own API + UI app behind a gate that
 refuses foreign Host headers (DNS rebinding) and foreign Origins (other web pages), which
-Prefect 3.9.1 does not check itself. `python -m flows.prefect_server --host H --port P`.
+Prefect 3.9.1 does not check itself, and then a per-client limit on failed logins.
+`python -m flows.prefect_server --host H --port P`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import argparse
 import json
 from collections.abc import Iterable
 from typing import Any
+
+from flows.login_limit import FailedLoginLimit
 
 Scope = dict[str, Any]
 
@@ -70,8 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
+    gated = FailedLoginLimit(create_app(final=True))
     uvicorn.run(
-        SameOriginGate(create_app(final=True), args.hosts, args.origins),
+        SameOriginGate(gated, args.hosts, args.origins),
         host=args.host,
         port=args.port,
         timeout_keep_alive=settings.server.api.keepalive_timeout,

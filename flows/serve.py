@@ -1,7 +1,8 @@
 """Serve steprl from the Prefect UI: start a Prefect server and an MLflow server on 127.0.0.1
-(same-origin only: foreign Hosts and Origins refused, CSRF on, optional basic auth), register
-`train` and `evaluate` deployments (typed parameter forms from `RunConfig`, optional cron or
-interval schedules), and run them until Ctrl-C stops everything.
+(same-origin only: foreign Hosts and Origins refused, CSRF on, optional basic auth with failed
+logins limited per client), register `train` and `evaluate` deployments (typed parameter forms
+from `RunConfig`, optional cron or interval schedules), and run them until Ctrl-C stops
+everything.
 """
 
 from __future__ import annotations
@@ -191,9 +192,8 @@ def _mlflow_command(host: str, port: int, names: list[str], auth: str | None) ->
     # MLflow checks Host and Origin itself; given these lists it uses them instead of its
     # defaults (loopback and private address ranges)
     hosts = [h for n in names for h in (_url_host(n), f"{_url_host(n).replace('[', '[[]')}:*")]
-    bin_dir = Path(sys.executable).parent
     return [
-        str(bin_dir / "mlflow"), "server",
+        sys.executable, "-m", "flows.mlflow_server",  # `mlflow server` + the failed-login limit
         "--backend-store-uri", f"sqlite:///{Path('mlflow.db').resolve()}",
         "--artifacts-destination", str(Path("mlartifacts").resolve()),
         "--host", host, "--port", str(port), "--workers", "1",

@@ -113,3 +113,23 @@ def test_clients_started_by_serve_carry_the_auth(served_with_auth: Served) -> No
     with services.prefect_client(), get_client(sync_client=True) as client:
         assert client.create_flow(flow(lambda: None, name="auth-probe"))
     assert MlflowClient(services.mlflow_url).create_experiment("auth-probe")
+
+
+def test_wrong_passwords_are_limited_per_client_on_both_servers(served_with_auth: Served) -> None:
+    """From 127.0.0.2, MAX_FAILURES wrong passwords a server refuses (401); then that address
+    gets 429 with Retry-After, even with the right password, while 127.0.0.1 still logs in."""
+    from flows.login_limit import MAX_FAILURES
+
+    guesser = httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    services = served_with_auth.services
+    urls = [
+        f"{_api(served_with_auth)}/csrf-token?client=x",
+        f"{services.mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1",
+    ]
+    for url in urls:
+        answers = [guesser.get(url, auth=("steprl", f"guess-{n:08d}")) for n in range(MAX_FAILURES)]
+        assert [a.status_code for a in answers] == [401] * MAX_FAILURES
+        limited = guesser.get(url, auth=AUTH)
+        assert limited.status_code == 429, limited.text
+        assert 0 < int(limited.headers["retry-after"]) <= 60
+        assert http.get(url, auth=AUTH).status_code == 200  # another client is not locked out
