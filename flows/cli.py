@@ -130,10 +130,30 @@ def serve(
     )  # fmt: skip
 
 
+def _secret(flag: str, variable: str) -> str:
+    """The value of environment variable `variable` ('' when not asked for); exit 2 if empty."""
+    import os
+
+    value = os.environ.get(variable, "") if variable else ""
+    if variable and not value:
+        console.print(f"[red]{flag} {variable}: that variable is empty[/red]")
+        raise typer.Exit(2)
+    return value
+
+
 @app.command("serve-policy")
 def serve_policy(
-    config: str = typer.Option("calculator_grpo", help=CONFIG_HELP),
+    config: str | None = typer.Option(
+        None,
+        help=f"{CONFIG_HELP} Names the run (default calculator_grpo); the run's own "
+        "recorded config.yaml is read unless --no-run-config.",
+    ),
     checkpoint: str = typer.Option("latest", help="base, latest, iter_000k or a model folder."),
+    run_config: bool = typer.Option(
+        True,
+        help="Serve with the config the checkpoint's run recorded (tool prompt, prompt "
+        "limit), as it was trained; --no-run-config: the --config preset instead.",
+    ),
     host: str = typer.Option("127.0.0.1", help="Bind address."),
     port: int = typer.Option(8000, help="TCP port."),
     model_name: str = typer.Option("policy", help="Model name the server lists."),
@@ -143,20 +163,43 @@ def serve_policy(
         "training run with rollout.engine=remote loads each checkpoint through it); "
         "unset = reloading is refused.",
     ),
+    api_key_env: str = typer.Option(
+        "",
+        help="Environment variable holding the API key every request must send as "
+        "'Authorization: Bearer <key>' (the OpenAI SDK's api_key); unset = none.",
+    ),
+    allowed_host: list[str] = typer.Option(
+        [], help="Another name clients use for this machine in the Host header (repeatable)."
+    ),
+    max_prompt_tokens: int | None = typer.Option(
+        None,
+        help="Longest prompt served, in tokens [default: the run's rollout.max_prompt_tokens].",
+    ),
+    max_prompts_per_request: int = typer.Option(256, help="Most prompts x n per request."),
+    max_body_bytes: int = typer.Option(4 * 2**20, help="Largest request body (413 beyond)."),
+    body_timeout_s: float = typer.Option(10.0, help="Seconds a request body may take (408)."),
+    max_concurrent_requests: int = typer.Option(64, help="Requests in progress (429 beyond)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Serve a checkpoint behind an OpenAI-compatible API (/v1/chat/completions, ...)."""
-    import os
-
     from agent_core.serving.policy_server import serve_policy as serve_checkpoint
+    from agent_core.serving.policy_server import serving_config
     from agent_core.serving.service import ServerSettings
 
-    cfg = _config(config, set_)
-    token = os.environ.get(reload_token_env, "") if reload_token_env else ""
-    if reload_token_env and not token:
-        console.print(f"[red]--reload-token-env {reload_token_env}: that variable is empty[/red]")
-        raise typer.Exit(2)
-    settings = ServerSettings(model_name=model_name, reload_token=token)
+    try:
+        cfg, source = serving_config(config, checkpoint, set_, run_config)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"config: {source}")
+    settings = ServerSettings(
+        model_name=model_name, reload_token=_secret("--reload-token-env", reload_token_env),
+        api_key=_secret("--api-key-env", api_key_env), allowed_hosts=allowed_host,
+        tool_prompt=cfg.env.tool_prompt,
+        max_prompt_tokens=max_prompt_tokens or cfg.rollout.max_prompt_tokens,
+        max_prompts_per_request=max_prompts_per_request, max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s, max_concurrent_requests=max_concurrent_requests,
+    )  # fmt: skip
     try:
         serve_checkpoint(cfg, checkpoint, host, port, settings)
     except FileNotFoundError as exc:

@@ -16,6 +16,10 @@ from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 T = TypeVar("T")
 
 
+class EngineError(RuntimeError):
+    """The engine failed on a request (alone, not because of its batch companions)."""
+
+
 @dataclass
 class _Request:
     prompts: list[list[int]]
@@ -77,10 +81,14 @@ class RequestBatcher:
         self.batch_sizes.append(len(prompts))
         try:
             out = await self.exclusive(self.engine.generate, prompts, params)
-        except Exception as exc:  # every waiting request gets the engine's error
-            for request in group:
-                if not request.future.done():
-                    request.future.set_exception(exc)
+        except Exception as exc:
+            if len(group) > 1:  # one request's prompt can fail the whole call: retry each
+                for request in group:  # alone, so that only its own caller gets the error
+                    await self._call(key, [request])
+                return
+            if not group[0].future.done():
+                error = EngineError(f"the engine failed on this request: {exc!r}"[:2000])
+                group[0].future.set_exception(error)
             return
         start = 0
         for request in group:

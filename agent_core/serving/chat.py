@@ -51,6 +51,37 @@ def _calls_text(tool_calls: list[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
+def check_tool_calls(tool_calls: Any) -> None:
+    """Raise ValueError unless `tool_calls` is a list of OpenAI function calls."""
+    if not isinstance(tool_calls, list):
+        raise ValueError("an assistant message's tool_calls must be a list")
+    for call in tool_calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(
+                "each tool call must look like {'type': 'function', 'function': "
+                "{'name': str, 'arguments': str}}"
+            )
+        if not isinstance(fn.get("arguments", "{}"), str | dict):
+            raise ValueError("a tool call's function.arguments must be a JSON string")
+
+
+def check_tools(tools: list[Any]) -> None:
+    """Raise ValueError unless every tool is an OpenAI function tool with a name (every tool
+    prompt format needs the name; the JSON-schema parameters are optional)."""
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(
+                "each tool must look like {'type': 'function', 'function': {'name': str, "
+                "'description': str, 'parameters': {JSON schema}}}"
+            )
+        if not isinstance(fn.get("description", ""), str):
+            raise ValueError("a tool's function.description must be a string")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise ValueError("a tool's function.parameters must be a JSON schema object")
+
+
 def to_messages(messages: list[dict[str, Any]]) -> list[Message]:
     """steprl chat messages for OpenAI `messages`; raises ValueError on a malformed one."""
     out: list[Message] = []
@@ -58,6 +89,8 @@ def to_messages(messages: list[dict[str, Any]]) -> list[Message]:
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise ValueError(f"each message needs a role among {sorted(ROLES)}")
         text = content_text(message.get("content"))
+        if message.get("tool_calls") is not None:
+            check_tool_calls(message["tool_calls"])
         if message["role"] == "assistant" and message.get("tool_calls"):
             calls = _calls_text(message["tool_calls"])
             text = f"{text}\n{calls}" if text else calls

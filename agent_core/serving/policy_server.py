@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agent_core.serving.batcher import EngineError
+from agent_core.serving.gate import RequestGate, is_loopback, openai_error, server_names
 from agent_core.serving.schema import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -29,15 +32,26 @@ if TYPE_CHECKING:
     from agent_core.config import RunConfig
 
 SinkLookup = Callable[[str], CallSink | None]
+DEFAULT_PRESET = "calculator_grpo"
 
 
-def build_app(service: PolicyService, episodes: SinkLookup | None = None) -> FastAPI:
-    """The HTTP API over `service`; `episodes` maps an episode id to where its calls go."""
+def build_app(
+    service: PolicyService, episodes: SinkLookup | None = None, bind_host: str = "127.0.0.1"
+) -> FastAPI:
+    """The HTTP API over `service` behind its `RequestGate` (Host names of a server bound to
+    `bind_host`); `episodes` maps an episode id to where its calls go."""
     app = FastAPI(title="steprl policy server")
+    settings = service.settings
+    app.add_middleware(
+        RequestGate, names=server_names(bind_host, settings.allowed_hosts),
+        api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s, max_concurrent=settings.max_concurrent_requests,
+    )  # fmt: skip
 
-    @app.exception_handler(HTTPException)
-    async def openai_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+    # Starlette's own (unknown path, wrong method) as well as the routes' refusals
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -59,6 +73,8 @@ def build_app(service: PolicyService, episodes: SinkLookup | None = None) -> Fas
             raise HTTPException(409, str(exc)) from None
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+        except EngineError as exc:  # answered, so the connection stays open for the next call
+            raise HTTPException(500, str(exc)) from None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest) -> Any:
@@ -74,6 +90,8 @@ def build_app(service: PolicyService, episodes: SinkLookup | None = None) -> Fas
             return (await service.complete(req)).model_dump()
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+        except EngineError as exc:
+            raise HTTPException(500, str(exc)) from None
 
     @app.post("/steprl/reload")
     async def reload(req: ReloadRequest, authorization: str = Header("")) -> dict[str, Any]:
@@ -121,10 +139,9 @@ async def _sse(done: ChatCompletion) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    """An error body the OpenAI SDKs read (their exceptions carry `message`)."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    status, body = openai_error(status, message)
+    return Response(body, status, headers, media_type="application/json")
 
 
 class ServerThread:
@@ -155,6 +172,29 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+def serving_config(
+    preset: str | None, checkpoint: str, overrides: list[str], run_config: bool = True
+) -> tuple[RunConfig, str]:
+    """(the config to serve `checkpoint` with, where it came from). By default that is the
+    config its run recorded (`<run>/config.yaml`), so the policy sees prompts rendered as in
+    training (env.tool_prompt, rollout.max_prompt_tokens): the run folder holding a checkpoint
+    folder `<run>/checkpoints/iter_k`, else the run `preset` names. `preset` (default
+    calculator_grpo) alone serves a model folder of no run, or any with `run_config` off."""
+    from agent_core.config import load_config
+    from agent_core.iteration import CHECKPOINTS, run_dir_of
+
+    folder = Path(checkpoint)
+    recorded = None
+    if folder.parent.name == CHECKPOINTS and (folder.parent.parent / "config.yaml").is_file():
+        recorded = folder.parent.parent / "config.yaml"
+    elif checkpoint in ("latest", "base") or checkpoint.isdigit() or checkpoint.startswith("iter_"):
+        run_dir = run_dir_of(load_config(preset or DEFAULT_PRESET, overrides))
+        recorded = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else None
+    if run_config and recorded is not None:
+        return load_config(recorded, overrides), str(recorded)
+    return load_config(preset or DEFAULT_PRESET, overrides), f"preset {preset or DEFAULT_PRESET}"
+
+
 def serve_policy(
     cfg: RunConfig, checkpoint: str, host: str, port: int, settings: ServerSettings
 ) -> None:
@@ -167,5 +207,9 @@ def serve_policy(
     engine = hf_engine(cfg, folder)
     engine.policy_version = version
     service = PolicyService(engine, engine.tokenizer, settings)
-    print(f"serving {folder} (policy version {version}) at http://{host}:{port}/v1", flush=True)
-    uvicorn.run(build_app(service), host=host, port=port, log_level="info")
+    if not settings.api_key and not is_loopback(host):
+        print(f"WARNING: the policy server listens on {host} without an API key: anyone who "
+              "can reach this machine can use it (--api-key-env NAME).", flush=True)  # fmt: skip
+    print(f"serving {folder} (policy version {version}, tools as {settings.tool_prompt!r}) "
+          f"at http://{host}:{port}/v1", flush=True)  # fmt: skip
+    uvicorn.run(build_app(service, bind_host=host), host=host, port=port, log_level="info")

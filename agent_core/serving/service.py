@@ -4,17 +4,28 @@ the episode it belongs to, if any."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, Field
 
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 from agent_core.serving.batcher import RequestBatcher
-from agent_core.serving.chat import ChatPrompts, PromptMode, Turn, reply_message
+from agent_core.serving.chat import (
+    ChatPrompts,
+    PromptMode,
+    Turn,
+    check_tools,
+    reply_message,
+    to_messages,
+)
 from agent_core.serving.schema import (
     ChatChoice,
     ChatCompletion,
@@ -29,6 +40,7 @@ from agent_core.serving.schema import (
 )
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+T = TypeVar("T")
 
 
 class ServerSettings(BaseModel):
@@ -55,6 +67,32 @@ class ServerSettings(BaseModel):
         "",
         repr=False,
         description="Bearer token POST /steprl/reload requires; '' = reloading is refused.",
+    )
+    api_key: str = Field(
+        "",
+        repr=False,
+        description="Bearer token every request needs (the OpenAI SDK's api_key); '' = none. "
+        "/steprl/reload checks its own reload_token instead.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Names besides the loopback names and the bind address that clients may "
+        "send in the Host header (others are refused: DNS rebinding).",
+    )
+    max_prompt_tokens: int = Field(
+        4096, ge=1, description="A prompt longer than this many tokens is refused (400)."
+    )
+    max_prompts_per_request: int = Field(
+        256, ge=1, description="Most prompts x n one request may ask for (400 beyond)."
+    )
+    max_body_bytes: int = Field(
+        4 * 2**20, ge=1024, description="A request body larger than this is refused (413)."
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="A request body not fully received by then is refused (408)."
+    )
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="Requests in progress at once; more are answered 429 (retry)."
     )
 
 
@@ -83,6 +121,47 @@ class PolicyService:
         self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
         self.batcher = RequestBatcher(engine, settings.batch_window_s, settings.max_batch)
         self.prompts = ChatPrompts(tokenizer, settings.tool_prompt)
+        config = getattr(getattr(engine, "model", None), "config", None)
+        # ids the model's embedding has rows for (it may have more than the tokenizer)
+        self.vocab_size = max(len(tokenizer), getattr(config, "vocab_size", 0) or 0)
+        # no token is longer than this, so a text of more characters than
+        # max_prompt_tokens * this cannot fit, whatever its tokenization
+        self.max_token_chars = max(len(t) for t in tokenizer.get_vocab())
+        # templating and tokenizing a big prompt takes a while: never on the event loop
+        self._prompt_pool = ThreadPoolExecutor(1, thread_name_prefix="policy-prompts")
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._prompt_pool, fn, *args)
+
+    def _check_chars(self, chars: int) -> None:
+        """Refuse, before tokenizing, a text that cannot fit in max_prompt_tokens."""
+        if chars > self.settings.max_prompt_tokens * self.max_token_chars:
+            raise ValueError(self._too_long(f"{chars} characters"))
+
+    def _too_long(self, size: str) -> str:
+        return (
+            f"the prompt ({size}) is longer than this server's {self.settings.max_prompt_tokens} "
+            "tokens (max_prompt_tokens)"
+        )
+
+    def _check_count(self, prompts: int, n: int) -> None:
+        if not 0 < prompts * n <= self.settings.max_prompts_per_request:
+            raise ValueError(
+                f"a request asks for 1 to {self.settings.max_prompts_per_request} prompts x n "
+                f"(max_prompts_per_request); this one asks for {prompts} x {n}"
+            )
+
+    def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
+        """Refuse empty, out-of-vocabulary, too long or too many prompts before batching (one
+        request's bad prompt must not fail the engine call it would share)."""
+        self._check_count(len(prompts), n)
+        for prompt in prompts:
+            if not prompt:
+                raise ValueError("a prompt must hold at least one token")
+            if len(prompt) > self.settings.max_prompt_tokens:
+                raise ValueError(self._too_long(f"{len(prompt)} tokens"))
+            if not 0 <= min(prompt) <= max(prompt) < self.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
 
     def _params(self, req: ChatCompletionRequest | CompletionRequest, cap: int | None) -> Any:
         if req.stream:
@@ -110,8 +189,14 @@ class PolicyService:
         if sink is not None:
             sink.check_open()
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
+        check_tools(tools)
+        to_messages(req.messages)  # malformed messages are refused here, on the loop (cheap)
+        self._check_chars(sum(len(json.dumps(m, ensure_ascii=False)) for m in req.messages))
         previous = sink.previous(req.model) if sink is not None else None
-        converted, prompt_ids, mode = self.prompts.build(req.messages, tools, previous)
+        converted, prompt_ids, mode = await self._off_loop(
+            self.prompts.build, req.messages, tools, previous
+        )
+        self._check_prompts([prompt_ids], req.n)
         gens = await self.batcher.generate([prompt_ids] * req.n, params, req.seed is not None)
         choices = []
         for index, gen in enumerate(gens):
@@ -142,7 +227,11 @@ class PolicyService:
         if req.echo:
             raise ValueError("echo=true is not supported")
         params = self._params(req, req.max_tokens or 16)
-        prompts = _prompt_ids(self.tokenizer, req.prompt)
+        given = _prompt_list(req.prompt)
+        self._check_count(len(given), req.n)
+        self._check_chars(max((len(p) for p in given if isinstance(p, str)), default=0))
+        prompts = await self._off_loop(_encode, self.tokenizer, given)
+        self._check_prompts(prompts, req.n)
         batch = [p for p in prompts for _ in range(req.n)]
         gens = await self.batcher.generate(batch, params, req.seed is not None)
         choices = []
@@ -233,14 +322,20 @@ def _top_k(
     return [list(zip(i, v, strict=True)) for i, v in rows]
 
 
-def _prompt_ids(tokenizer: Any, prompt: str | list[str] | list[int]) -> list[list[int]]:
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a completion request, each a text or token ids."""
     if isinstance(prompt, str):
-        prompt = [prompt]
+        return [prompt]
     if prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]  # type: ignore[arg-type]
-    if prompt and all(isinstance(p, list) for p in prompt):
-        return [list(p) for p in prompt]  # type: ignore[union-attr]
-    return [tokenizer.encode(p, add_special_tokens=False) for p in prompt]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def _encode(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
+    return [
+        tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+        for p in prompts
+    ]
 
 
 def _usage(prompt_ids: list[int], gens: list[Generation]) -> Usage:
