@@ -61,7 +61,7 @@ def _check_trajectories(frame: pl.DataFrame, where: str) -> None:
     _refuse(
         where,
         gaps.sort("trajectory_id"),
-        "trajectory {trajectory_id!r} has {steps} steps numbered {first}..{last}",
+        "trajectory {trajectory_id!r} has steps numbered {first}..{last} in {steps} rows",
         "a trajectory's steps must be numbered 0..n-1 for returns to run across them",
     )
     split = shape.filter((pl.col("groups") > 1) | (pl.col("tasks") > 1))
