@@ -143,3 +143,24 @@ def test_concurrent_requests_beyond_the_limit_are_told_to_retry(tokenizer) -> No
         codes = list(pool.map(lambda _: http.post("/v1/chat/completions", json=CHAT).status_code,
                               range(6)))  # fmt: skip
     assert sorted(set(codes)) == [200, 429] and codes.count(200) >= 2
+
+
+def test_serve_policy_reads_the_runs_recorded_config(tmp_path) -> None:
+    """A checkpoint is served with its run's recorded tool prompt and prompt limit, not the
+    preset's (a policy trained with 'compact' tools never saw 'hermes' ones)."""
+    from agent_core.config import dump_config, load_config
+    from agent_core.serving.policy_server import serving_config
+
+    where = [f"run.output_dir={tmp_path}", "run.name=trained"]
+    trained = load_config("smoke", [*where, "env.tool_prompt=compact",
+                                    "rollout.max_prompt_tokens=300"])  # fmt: skip
+    run_dir = tmp_path / "trained"
+    (run_dir / "checkpoints" / "iter_0001").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(trained))
+    by_folder, source = serving_config(None, str(run_dir / "checkpoints" / "iter_0001"), [])
+    by_name, _ = serving_config("smoke", "latest", where)
+    preset, _ = serving_config("smoke", "latest", where, run_config=False)
+    assert source == str(run_dir / "config.yaml")
+    for cfg in (by_folder, by_name):
+        assert (cfg.env.tool_prompt, cfg.rollout.max_prompt_tokens) == ("compact", 300)
+    assert preset.env.tool_prompt == "hermes"
