@@ -52,7 +52,7 @@ from agent_core.rollout.shard import shard_count, shard_tasks
 from agent_core.serving.episodes import role_metrics
 from agent_core.task_file import sample_train_tasks
 from agent_core.trainer.batching import TrainRow
-from agent_core.trainer.policy_trainer import metrics_dict
+from agent_core.trainer.policy_trainer import metrics_dict, saved_layout
 from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,14 @@ class ShardResult(BaseModel):
     generated_tokens: int
     prompt_tokens: int
     generate_seconds: float
-    seconds: float
+    seconds: float = Field(description="Wall seconds of the shard, its failed tries included.")
     pid: int = Field(0, description="Process that ran the shard (the flow's, or a worker's).")
+    attempts: int = Field(
+        1, description="Tries it took: more than one when its rollout worker died or stalled."
+    )
+    failed_seconds: float = Field(
+        0.0, description="Seconds of the failed tries (until each was found out), in `seconds`."
+    )
 
 
 class ScoreResult(BaseModel):
@@ -209,11 +215,44 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
         raise
 
 
+def refuse_other_layout(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse a rerun at its start when the checkpoint it goes on from holds DeepSpeed state
+    written by other `trainer.ranks` or `trainer.zero_stage`: the optimizer state is
+    partitioned by both, and loading it would fail only at the next update, after that
+    iteration's rollouts were collected."""
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if pointer.is_file():
+        resumed = run_dir / CHECKPOINTS / pointer.read_text().strip()
+    elif cfg.warmup.enabled:
+        resumed = warmup_dir(run_dir)
+    else:
+        return
+    t = cfg.trainer
+    layout = saved_layout(resumed, t.zero_stage)
+    if layout is None or layout == (t.ranks, t.zero_stage):
+        return
+    asked = [
+        f"trainer.{name}={new} (recorded: {old})"
+        for name, old, new in (
+            ("ranks", layout[0], t.ranks),
+            ("zero_stage", layout[1], t.zero_stage),
+        )
+        if old != new
+    ]
+    raise ValueError(
+        f"run folder {run_dir} goes on from {resumed.name}, whose DeepSpeed optimizer state "
+        f"was written by trainer.ranks={layout[0]} at trainer.zero_stage={layout[1]}, but "
+        f"this run asks for {' and '.join(asked)}: rerun with trainer.ranks={layout[0]} "
+        f"trainer.zero_stage={layout[1]}, or start a new run.name"
+    )
+
+
 def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
     from agent_core import tracking
 
     model = cfg.model
     base = ensure_model_folder(model.path, model.source, model.tiny_hidden_size, model.tiny_layers)
+    refuse_other_layout(cfg, run_dir)
     changed = changed_settings(run_dir / "config.yaml", cfg)
     if changed:
         log.warning(

@@ -536,12 +536,9 @@ class PolicyTrainer:
 
     def load_state(self, checkpoint_dir: Path) -> bool:
         """Restore optimizer + weights from a checkpoint's DeepSpeed state; False if it has none."""
-        state = checkpoint_dir / DS_STATE_DIR
-        if not state.is_dir():
+        layout = saved_layout(checkpoint_dir, self.cfg.zero_stage)
+        if layout is None:
             return False
-        meta_file = checkpoint_dir / "steprl.json"
-        saved = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-        layout = (saved.get("ranks", 1), saved.get("zero_stage", self.cfg.zero_stage))
         if layout != (self.world, self.cfg.zero_stage):
             raise RuntimeError(
                 f"{checkpoint_dir} holds DeepSpeed state of {layout[0]} rank(s) at ZeRO-"
@@ -549,6 +546,7 @@ class PolicyTrainer:
                 f"{self.cfg.zero_stage}: resume with the same trainer.ranks and "
                 "trainer.zero_stage (the optimizer state is partitioned by them)"
             )
+        state = checkpoint_dir / DS_STATE_DIR
         # the weights came from the folder; the state adds the optimizer's (and, in a
         # checkpoint of an earlier version or under ZeRO-3, the weights again: the same)
         self.engine.load_checkpoint(str(state), tag="state", load_module_strict=False)
@@ -568,6 +566,17 @@ class PolicyTrainer:
         finally:
             for p in trainable:
                 p.requires_grad_(True)
+
+
+def saved_layout(checkpoint_dir: Path, zero_stage: int) -> tuple[int, int] | None:
+    """(ranks, ZeRO stage) that wrote the checkpoint's DeepSpeed state, which only the same
+    layout can load (the optimizer state is partitioned by both); None when it holds no state.
+    A checkpoint from before steprl recorded them was one rank at `zero_stage`."""
+    if not (Path(checkpoint_dir) / DS_STATE_DIR).is_dir():
+        return None
+    meta_file = Path(checkpoint_dir) / "steprl.json"
+    saved = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    return saved.get("ranks", 1), saved.get("zero_stage", zero_stage)
 
 
 def native_bf16(device_type: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent_core.config import changed_settings, dump_config, load_config
 from flows.train import TrainSummary, where_to_look
 
@@ -37,3 +39,27 @@ def test_a_rerun_with_nothing_left_says_how_to_go_on() -> None:
     assert "nothing to run" in message and "run.continue_for" in message
     ran = done.model_copy(update={"iterations_run": [1, 2]})
     assert "nothing to run" not in where_to_look(cfg, ran)
+
+
+def test_a_rerun_with_other_ranks_or_zero_stage_is_refused_at_its_start(tmp_path: Path) -> None:
+    """The optimizer state of the checkpoint a rerun goes on from is partitioned by ranks and
+    ZeRO stage: other ones are refused before any work, naming the setting and the fix."""
+    from agent_core.iteration import refuse_other_layout
+    from agent_core.trainer.policy_trainer import DS_STATE_DIR
+
+    checkpoint = tmp_path / "checkpoints" / "iter_0001"
+    (checkpoint / DS_STATE_DIR).mkdir(parents=True)
+    (checkpoint / "steprl.json").write_text('{"ranks": 2, "zero_stage": 2}')
+    (tmp_path / "checkpoints" / "latest").write_text("iter_0001\n")
+    same = ["trainer.ranks=2", "trainer.zero_stage=2", "ray.num_cpus=4"]
+    refuse_other_layout(load_config(None, [*TINY, *same]), tmp_path)
+    one_rank = load_config(None, [*TINY, "trainer.zero_stage=2"])
+    with pytest.raises(ValueError, match=r"trainer.ranks=1 \(recorded: 2\): rerun with "
+                       r"trainer.ranks=2 trainer.zero_stage=2") as refused:  # fmt: skip
+        refuse_other_layout(one_rank, tmp_path)
+    assert "zero_stage=2 (recorded" not in str(refused.value)  # only what differs is named
+    stage3 = load_config(None, [*TINY, "trainer.ranks=2", "trainer.zero_stage=3", "ray.num_cpus=4"])
+    with pytest.raises(ValueError, match=r"trainer.zero_stage=3 \(recorded: 2\)"):
+        refuse_other_layout(stage3, tmp_path)
+    (tmp_path / "checkpoints" / "latest").write_text("iter_0002\n")  # no optimizer state there
+    refuse_other_layout(one_rank, tmp_path)
