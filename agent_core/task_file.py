@@ -1,13 +1,16 @@
 """Tasks read from a data file (`env.tasks`): lazy polars scans that sample a split's rows
-without loading the file, checks run when the file is opened (columns, empty cells, disjoint
-splits), and errors that name the file, the row and the column.
+without loading the file, checks run when the file is opened (line lengths, columns, empty
+cells, disjoint splits), and errors that name the file, the row and the column but never quote
+the file's content.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import random
+import re
 import string
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,9 @@ from configs.task_file import TaskFileSection, TaskSplit
 
 ROW = "__steprl_row"  # the file's 0-based row number, added to every scan
 SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+CHUNK_BYTES = 2**20  # what the line-length check holds of the file at a time
+# column names an error may show: a header is the file's first line, which may be anything
+PLAIN_NAME = re.compile(r"[\w .-]{1,64}")
 
 
 class TaskFileError(ValueError):
@@ -35,6 +41,74 @@ def _format(spec: TaskFileSection, path: Path) -> str:
             "env.tasks.format to parquet, jsonl or csv"
         )
     return found
+
+
+def check_line_lengths(path: Path, limit: int) -> None:
+    """Refuse a text file holding a line longer than `limit` bytes before any parser sees it:
+    polars infers a schema from whole lines, and one 2 GB line aborted the process there. The
+    file is read CHUNK_BYTES at a time, so this holds about that much of it, whatever it is."""
+    line, length = 1, 0  # the 1-based line being read, and its bytes so far
+    with path.open("rb") as data:
+        while chunk := data.read(CHUNK_BYTES):
+            *ended, rest = chunk.split(b"\n")
+            if ended:
+                sizes = [length + len(ended[0]), *map(len, ended[1:])]
+                if max(sizes) > limit:
+                    line += next(i for i, size in enumerate(sizes) if size > limit)
+                    break
+                line, length = line + len(ended), 0
+            length += len(rest)
+            if length > limit:
+                break
+        else:
+            return
+    raise TaskFileError(
+        f"tasks file {path}: line {line} is longer than {limit:,} bytes "
+        "(env.tasks.max_line_bytes); the file was not parsed"
+    )
+
+
+def _shown_columns(names: list[str]) -> str:
+    plain = [n for n in names if n != ROW and PLAIN_NAME.fullmatch(n)]
+    hidden = len([n for n in names if n != ROW]) - len(plain)
+    if hidden:
+        plain.append(f"{hidden} not shown (not plain names: letters, digits, _ . - and spaces)")
+    return ", ".join(plain)
+
+
+def _read_problem(path: Path, fmt: str, exc: Exception) -> str:
+    """Why polars cannot read the file, in words that never quote it: polars' own messages
+    carry lines of the file (a CSV error showed a password file's first line)."""
+    if fmt == "jsonl":
+        return _jsonl_problem(path)
+    if fmt == "csv":
+        return _csv_problem(path, exc)
+    return f"not a Parquet file polars can read ({type(exc).__name__})"
+
+
+def _csv_problem(path: Path, exc: Exception) -> str:
+    """The first row whose field count differs from the header's, or the column whose values
+    polars could not parse (lines are short by now: check_line_lengths ran first)."""
+    with path.open(newline="", encoding="utf-8", errors="replace") as text:
+        reader = csv.reader(text)
+        try:
+            header = next(reader, [])
+            for row, fields in enumerate(reader):
+                if len(fields) != len(header):
+                    return (
+                        f"row {row} (line {reader.line_num}) has {len(fields)} fields where "
+                        f"the header has {len(header)}"
+                    )
+        except csv.Error as err:  # its messages name the rule broken, not the text
+            return f"line {reader.line_num} is not valid CSV: {err}"
+    column = re.search(r"at column '(.*?)' \(column number (\d+)\)", str(exc))
+    if column:
+        name = repr(column[1]) if PLAIN_NAME.fullmatch(column[1]) else f"number {column[2]}"
+        return (
+            f"column {name} holds a value polars cannot parse as the type it inferred from "
+            "the first rows"
+        )
+    return f"polars cannot read it as CSV ({type(exc).__name__})"
 
 
 def _jsonl_problem(path: Path) -> str:
@@ -59,8 +133,7 @@ def _collect(lf: pl.LazyFrame, path: Path, fmt: str) -> pl.DataFrame:
     try:
         return lf.collect(engine="streaming")
     except (pl.exceptions.PolarsError, OSError) as exc:
-        where = _jsonl_problem(path) if fmt == "jsonl" else str(exc).splitlines()[0]
-        raise TaskFileError(f"tasks file {path}: {where}") from exc
+        raise TaskFileError(f"tasks file {path}: {_read_problem(path, fmt, exc)}") from exc
 
 
 def template_columns(prompt: str) -> list[str]:
@@ -79,6 +152,8 @@ class TaskFile:
         if not self.path.is_file():
             raise TaskFileError(f"tasks file {self.path} does not exist (env.tasks.path)")
         self.fmt = _format(spec, self.path)
+        if self.fmt != "parquet":
+            check_line_lengths(self.path, spec.max_line_bytes)
         self.columns = self._check_columns()
         self._check_cells()
         self.sizes = {"train": self._size(spec.train), "held_out": self._size(spec.held_out)}
@@ -90,15 +165,16 @@ class TaskFile:
         try:
             lf = readers[self.fmt](self.path)
         except (pl.exceptions.PolarsError, OSError) as exc:
-            raise TaskFileError(f"tasks file {self.path}: {exc}") from exc
+            problem = _read_problem(self.path, self.fmt, exc)
+            raise TaskFileError(f"tasks file {self.path}: {problem}") from exc
         return lf.with_row_index(ROW)
 
     def _check_columns(self) -> list[str]:
         try:
             names = self.scan().collect_schema().names()
         except (pl.exceptions.PolarsError, OSError) as exc:
-            where = _jsonl_problem(self.path) if self.fmt == "jsonl" else str(exc)
-            raise TaskFileError(f"tasks file {self.path}: {where}") from exc
+            problem = _read_problem(self.path, self.fmt, exc)
+            raise TaskFileError(f"tasks file {self.path}: {problem}") from exc
         spec = self.spec
         wanted = [("prompt", c) for c in template_columns(spec.prompt)]
         wanted += [
@@ -110,7 +186,7 @@ class TaskFile:
             if column is not None and column not in names:
                 raise TaskFileError(
                     f"tasks file {self.path} has no column {column!r} (env.tasks.{field}); its "
-                    f"columns: {', '.join(n for n in names if n != ROW)}"
+                    f"columns: {_shown_columns(names)}"
                 )
         return [c for field, c in wanted if c is not None and not field.endswith(".column")]
 

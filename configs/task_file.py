@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
+    )
 
 
 class TaskSplit(_Section):
     """The rows of one split: a row range, or the rows whose split column holds a value."""
 
-    rows: tuple[int, int] | None = Field(
+    rows: tuple[StrictInt, StrictInt] | None = Field(
         None,
+        strict=False,  # YAML and JSON give a list; each bound stays strict (StrictInt)
         description="Row range [start, end) (0-based, in file order), e.g. [0, 900].",
     )
     column: str | None = Field(
@@ -72,6 +75,13 @@ class TaskFileSection(_Section):
     train: TaskSplit = Field(description="The training rows.")
     held_out: TaskSplit = Field(
         description="The held-out rows (evaluation); must not share a row with `train`."
+    )
+    max_line_bytes: int = Field(
+        8 * 2**20,
+        ge=1024,
+        description="The longest line a JSONL or CSV file may hold, in bytes. The file is "
+        "checked line by line before it is parsed, so opening it never holds more than about "
+        "this much of it in memory; a longer line fails the load.",
     )
 
     @model_validator(mode="after")

@@ -199,3 +199,38 @@ def test_readme_data_file_block_loads(tmp_path: Path, monkeypatch: pytest.Monkey
     cfg = load_config("smoke", [*overrides, "eval.episodes=4"])
     assert cfg.env.name == "qa" and cfg.env.kwargs == {"match": "numeric"}
     assert [t.task_id for t in eval_tasks(cfg)] == ["q0", "q5", "q10", "q15"]
+
+
+SECRET = "root:x:0:0:hunter2-never-shown:/root:/bin/bash"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_line_over_the_limit_is_refused_before_parsing(tmp_path: Path, fmt: str) -> None:
+    """A file without a newline (here 200 kB against a 64 kB limit; the README measures 2 GB
+    against the default) fails with a TaskFileError naming the line, never reaching polars."""
+    path = tmp_path / f"huge.{fmt}"
+    path.write_bytes(b"question,answer\n" + b"x" * 200_000)
+    spec = _spec(path, max_line_bytes=65_536, train={"rows": [0, 1]}, held_out={"rows": [1, 2]})
+    with pytest.raises(TaskFileError, match=r"huge\.\w+: line 2 is longer than 65,536 bytes"):
+        held_out_tasks(spec, 1)
+    path.write_bytes(b"x" * (3 * 2**20 + 5))  # several reading chunks, no newline at all
+    with pytest.raises(TaskFileError, match=r"line 1 is longer than 65,536 bytes"):
+        held_out_tasks(spec, 1)
+
+
+def test_errors_never_quote_the_file(tmp_path: Path) -> None:
+    """A password-like file named as tasks: no error shows its lines or cell values."""
+    ranges = {"train": {"rows": [0, 1]}, "held_out": {"rows": [1, 2]}}
+    cases = {
+        "header.csv": (f"{SECRET}\n{SECRET}\n", r"its columns: 1 not shown"),
+        "ragged.csv": (f"question,answer\na,1\n{SECRET},2,3\n", r"row 1 \(line 3\) has 3 fields"),
+        "typed.csv": ("question,answer\n" + "a,1\n" * 200 + f"b,{SECRET}\n", r"column 'answer'"),
+        "lines.jsonl": (f"{SECRET}\n", r"row 0 \(line 1\) is not valid JSON"),
+        "table.parquet": (f"{SECRET}\n", r"not a Parquet file polars can read"),
+    }
+    for name, (text, expected) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(TaskFileError, match=expected) as caught:
+            held_out_tasks(_spec(path, prompt="question", answer="answer", **ranges), 1)
+        assert "hunter2" not in str(caught.value), name
