@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 
 from agent_core.tools.base import BaseTool, ToolResult
 from agent_core.tools.sandbox_launcher import launcher_source
-from agent_core.tools.sandbox_watch import MEMORY_POLL_S, CallWatch, process_tree, remove_owned
+from agent_core.tools.sandbox_watch import MEMORY_POLL_S, CallWatch, remove_owned, stop_tree
 
 logger = logging.getLogger(__name__)
 
@@ -306,9 +306,10 @@ def _run_process(
         kept, total, stop = _collect(proc.pid, proc.stdout.fileno(), deadline, cap, watch)
     finally:
         # The leader is not reaped yet, so its pgid still names this group and its descendants
-        # (the launcher is their subreaper) are still in its tree; in namespaces the kernel
-        # kills the rest when the namespace's init dies.
-        tree = process_tree(proc.pid)
+        # (the launcher is their subreaper) are still in its tree, stopped first so that none
+        # forks past the kill; in namespaces the kernel kills the rest when the namespace's
+        # init dies.
+        tree = stop_tree(proc.pid)
         for pid in tree:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

@@ -49,7 +49,33 @@ def _launch(cfg: dict[str, Any]) -> None:
         done, status = os.wait()
         if done == pid:
             code = os.waitstatus_to_exitcode(status)
+            if not cfg["new_root"]:
+                _end_descendants()
             os._exit(128 - code if code < 0 else code)
+
+
+def _end_descendants() -> None:
+    """Without a pid namespace nothing else ends what the program left running (a daemon that
+    called setsid()): kill our children until none is left. We are the subreaper, so a killed
+    child's own children are ours before os.wait() returns it."""
+    import contextlib
+    import os
+    import signal
+
+    me = os.getpid()
+    while True:
+        try:
+            with open(f"/proc/{me}/task/{me}/children") as handle:
+                children = [int(pid) for pid in handle.read().split()]
+        except OSError:  # a kernel without CONFIG_PROC_CHILDREN; the host's kill still comes
+            return
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):  # it exited on its own meanwhile
+                os.kill(child, signal.SIGKILL)
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
 
 
 def _enter_new_root(cfg: dict[str, Any]) -> None:
@@ -254,8 +280,10 @@ def _install_syscall_filter(unix_sockets: bool) -> None:
 @cache
 def launcher_source() -> str:
     """The source a fresh `python -I -c` runs: these functions and a call of `_launch`."""
-    functions = (_launch, _enter_new_root, _exec_program, _drop_capabilities, _restrict_files)
-    body = "\n\n".join(inspect.getsource(f) for f in (*functions, _install_syscall_filter))
+    functions = (_launch, _end_descendants, _enter_new_root, _exec_program, _drop_capabilities)
+    body = "\n\n".join(
+        inspect.getsource(f) for f in (*functions, _restrict_files, _install_syscall_filter)
+    )
     return f"from __future__ import annotations\n\n{body}\n\nimport json, sys\n" + (
         "_launch(json.loads(sys.argv[1]))\n"
     )

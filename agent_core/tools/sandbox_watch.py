@@ -1,5 +1,6 @@
 """What one sandboxed call uses on the host, seen from outside: the total memory of its whole
-process tree, the bytes it wrote, and the files it left in shared world-writable folders.
+process tree, the bytes it wrote (deleted files it still holds too), and the files it left in
+shared world-writable folders.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import stat
 import time
 from collections.abc import Iterator
@@ -38,6 +40,21 @@ def process_tree(root: int) -> list[int]:
         tree.append(pid)
         frontier.extend(children.get(pid, ()))
     return tree
+
+
+def stop_tree(root: int) -> list[int]:
+    """SIGSTOP the descendants of `root` until a pass over /proc finds no new one, then return
+    the tree: a stopped process cannot fork, so killing the tree leaves nothing behind."""
+    stopped: set[int] = set()
+    while True:
+        tree = process_tree(root)
+        new = [pid for pid in tree[1:] if pid not in stopped]
+        if not new:
+            return tree
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped.update(new)
 
 
 def memory_bytes(pid: int) -> int:
@@ -89,6 +106,34 @@ def written_bytes(folder: str, owner: int | None = None) -> int:
     )
 
 
+def held_deleted_bytes(pids: list[int]) -> int:
+    """Disk bytes of the files that `pids` keep open or mapped after unlinking them: a walk of
+    the folders no longer sees those, yet they hold their space until the last holder exits.
+    Each file counts once; a mapping is only seen with CAP_SYS_ADMIN (root), an open one always.
+    """
+    sizes: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        for path in _held_paths(pid):
+            try:
+                info = os.stat(path)  # follows the magic link to the file itself
+            except OSError:  # closed or exited while we looked; or a mapping without root
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+                sizes[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+    return sum(sizes.values())
+
+
+def _held_paths(pid: int) -> list[str]:
+    """/proc links to what `pid` holds: its open files, and its mappings of deleted files."""
+    paths: list[str] = []
+    with contextlib.suppress(OSError):
+        paths += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as handle:
+        deleted = (line.split(maxsplit=1)[0] for line in handle if line.endswith(" (deleted)\n"))
+        paths += [f"/proc/{pid}/map_files/{span}" for span in deleted]
+    return paths
+
+
 def remove_owned(owner: int, folders: tuple[str, ...] = SHARED_WRITABLE) -> list[str]:
     """Delete what uid `owner` created under the shared folders (never following links); the
     paths removed. Only others' world-writable folders are searched further (the owner's own
@@ -116,8 +161,8 @@ class CallWatch:
 
     Memory is the summed PSS of the call's process tree (the launcher keeps orphans in it), so
     forked children cannot multiply the limit; between two polls each process is still held to
-    the limit by its own RLIMIT_AS. Written bytes count the scratch folder and, for a private
-    uid, that uid's files in the shared writable folders.
+    the limit by its own RLIMIT_AS. Written bytes count the scratch folder, for a private uid
+    that uid's files in the shared writable folders, and deleted files the call still holds.
     """
 
     root_pid: int
@@ -128,31 +173,36 @@ class CallWatch:
     peak_memory: int = 0
     _next_memory: float = 0.0
     _next_disk: float = 0.0
+    _in_folders: int = 0
     pids: list[int] = field(default_factory=list)
 
     def check(self) -> tuple[str, str] | None:
         """(killed_by, reason) once a limit is exceeded, else None; cheap between polls."""
         now = time.monotonic()
-        if now >= self._next_memory:
-            self._next_memory = now + MEMORY_POLL_S
-            self.pids = process_tree(self.root_pid)
-            used = sum(memory_bytes(pid) for pid in self.pids)
-            self.peak_memory = max(self.peak_memory, used)
-            if used > self.memory_limit:
-                mib = 1024 * 1024
-                return "memory", (
-                    f"memory limit: the call's {len(self.pids)} processes used "
-                    f"{used // mib}MB together (limit {self.memory_limit // mib}MB)"
-                )
-        if self.scratch is not None and now >= self._next_disk:
+        if now < self._next_memory:
+            return None
+        self._next_memory = now + MEMORY_POLL_S
+        self.pids = process_tree(self.root_pid)
+        used = sum(memory_bytes(pid) for pid in self.pids)
+        self.peak_memory = max(self.peak_memory, used)
+        mib = 1024 * 1024
+        if used > self.memory_limit:
+            return "memory", (
+                f"memory limit: the call's {len(self.pids)} processes used "
+                f"{used // mib}MB together (limit {self.memory_limit // mib}MB)"
+            )
+        if self.scratch is None:
+            return None
+        if now >= self._next_disk:  # walking folders costs more than reading a few /proc links
             self._next_disk = now + DISK_POLL_S
-            written = written_bytes(self.scratch)
+            self._in_folders = written_bytes(self.scratch)
             if self.owner is not None:
-                written += sum(written_bytes(f, self.owner) for f in SHARED_WRITABLE)
-            if written > self.scratch_limit:
-                mib = 1024 * 1024
-                return "scratch", (
-                    f"scratch limit: {written // mib}MB written (limit "
-                    f"{self.scratch_limit // mib}MB)"
-                )
-        return None
+                self._in_folders += sum(written_bytes(f, self.owner) for f in SHARED_WRITABLE)
+        held = held_deleted_bytes(self.pids)
+        if self._in_folders + held <= self.scratch_limit:
+            return None
+        also = f", {held // mib}MB of it in deleted files still held" if held else ""
+        return "scratch", (
+            f"scratch limit: {(self._in_folders + held) // mib}MB written{also} (limit "
+            f"{self.scratch_limit // mib}MB)"
+        )
