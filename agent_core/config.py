@@ -4,23 +4,91 @@ heavy work. Errors name the field and say how to fix it.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import TERM_KINDS, RunConfig
 
-__all__ = ["ConfigError", "RunConfig", "check_config", "config_from_dict", "load_config"]
+__all__ = [
+    "ConfigError",
+    "DeploymentLimits",
+    "RunConfig",
+    "check_config",
+    "config_from_dict",
+    "deployment_limits",
+    "load_config",
+]
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+SHIPPED_DATA = PRESETS_DIR / "data"
+# Set by `steprl serve` in the process that executes deployment runs (its children inherit
+# it); a run's parameters cannot reach it, and without it a deployment run gets no extras.
+DEPLOYMENT_LIMITS_ENV = "STEPRL_DEPLOYMENT_LIMITS"
+HOW_TO_ALLOW_MODULE = (
+    "a deployment run (Prefect UI, API, schedule) resolves steprl's own names and the modules "
+    "`steprl serve` was started with: restart it with `--allow-module {module}` to allow it"
+)
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML as configs are written: also reads 1e-5 (no dot) as a number, as YAML 1.2 does;
+    PyYAML's YAML 1.1 reads it as a string, which the strict config types would refuse."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader subclass: no object tags
 
 
 class ConfigError(ValueError):
     """An invalid configuration; the message lists each bad field and its fix."""
+
+
+class DeploymentLimits(BaseModel):
+    """What a deployment run may name beyond steprl's own names and shipped data, as the
+    person starting `steprl serve` said (never the run's parameters, which anyone with the
+    Prefect UI or API sets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    modules: tuple[str, ...] = Field(
+        (),
+        description="Modules (with their submodules) whose 'module:attribute' names a "
+        "deployment run may import (`steprl serve --allow-module`); none = steprl's own names.",
+    )
+    data_roots: tuple[str, ...] = Field(
+        (),
+        description="Folders a deployment run may read task files under (`steprl serve "
+        "--data-root`), besides the shipped configs/data.",
+    )
+
+
+def deployment_limits() -> DeploymentLimits:
+    """The limits `steprl serve` set for this process's deployment runs; none set = the
+    narrowest (steprl's own names, shipped data), so a run started elsewhere fails closed."""
+    raw = os.environ.get(DEPLOYMENT_LIMITS_ENV)
+    if not raw:
+        return DeploymentLimits()
+    try:
+        return DeploymentLimits.model_validate_json(raw)
+    except ValidationError:
+        raise ConfigError(
+            f"{DEPLOYMENT_LIMITS_ENV} is malformed: restart `steprl serve` (it sets it)"
+        ) from None
 
 
 def preset_path(name_or_path: str | Path) -> Path:
@@ -51,7 +119,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like section.key=value")
     try:
-        value = yaml.safe_load(raw)
+        value = _load_yaml(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"override {text!r}: the value is not valid YAML ({_yaml_problem(exc)}): quote a "
@@ -98,7 +166,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 def _read_yaml(source: str | Path) -> dict[str, Any]:
     path = preset_path(source)
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loaded = _load_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -114,82 +182,105 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
     return config_from_dict(apply_overrides(data, overrides or []))
 
 
-def check_config(config: RunConfig) -> None:
-    """The checks pydantic cannot make alone: resolve env, tool, reward and estimator names,
-    match env.kwargs and env.tools to the env, find the model folder. `load_config` runs them,
-    and so do the flows (a config from a Prefect deployment never passes `load_config`), so a
-    typo fails before any model loads; raises ConfigError naming each field and its fix."""
-    from agent_core.algorithms.advantages import ESTIMATORS
-    from agent_core.context import make_context_policy
-    from agent_core.envs import contract, env_class
-    from agent_core.registry import UnknownNameError, resolve
-    from agent_core.rewards import reward_fn
-    from agent_core.tools import make_tool, tool_class
+def check_config(config: RunConfig, limits: DeploymentLimits | None = None) -> None:
+    """The checks pydantic cannot make alone: resolve every name (env, agent, tools, reward
+    terms, estimator, context policy, summarizer) to its role's type before anything of it is
+    called, match env.kwargs and env.tools to the env, find the model folder and task file,
+    fit the sizes to memory. `load_config` runs them, and so do the flows (a config from a
+    Prefect deployment never passes `load_config`), so a typo fails before any model loads;
+    raises ConfigError naming each field and its fix. With `limits` (a deployment run),
+    'module:attribute' names outside `limits.modules` are refused before anything is
+    imported, and task files outside `limits.data_roots` before they are opened."""
+    from agent_core.registry import ModuleAllowlist, only_modules
 
-    env = config.env
-    constructed = (env.kwargs, env.tool_options.model_dump())
-    tasks = env.task_options
-    checks = [
-        ("env.name", lambda: env_class(config.env.name)),
-        ("env.context", lambda: make_context_policy(config.env.context)),
-        ("env.context", lambda: _check_env(config, contract.check_context, env.context)),
-        ("env.kwargs", lambda: _check_env(config, contract.check_constructor, *constructed)),
-        ("env.task_options", lambda: _check_env(config, contract.check_task_options, tasks)),
-        ("env.name", lambda: _check_env(config, contract.check_reset)),
-        ("env.tools", lambda: _check_env_takes_tools(config)),
-        ("env.tasks", lambda: _check_task_file(config)),
-        ("model.path", lambda: _check_model_folder(config)),
-    ]
-    checks += [
-        (f"env.tools.{i}", lambda n=n: tool_class(n)) for i, n in enumerate(config.env.tools)
-    ]
-    # Built with its options now: a python sandbox this machine cannot provide fails here.
-    tool_options = config.env.tool_options.model_dump()
-    checks += [
-        (f"env.tool_options.{n}", lambda n=n: make_tool(n, tool_options))
-        for n in config.env.tools
-        if n in tool_options
-    ]
-    # Tools an env builds itself (the code env's sandbox, the search env's index) are built
-    # here too, so a sandbox this machine lacks or a bad corpus fails at load.
-    checks += [
-        (f"env.tool_options.{n}", lambda n=n: make_tool(n, tool_options))
-        for n in getattr(_known_env(config), "own_tools", ())
-        if n not in config.env.tools
-    ]
-    terms = config.reward.terms
-    if terms is None:  # the env's own default terms
-        checks.append(("reward.terms", lambda: _check_env(config, contract.check_reward_terms)))
-    checks += [
-        (f"reward.terms.{i}.name", lambda n=t.name: reward_fn(n)) for i, t in enumerate(terms or [])
-    ]
-    checks += [
-        (f"reward.terms.{i}.model", lambda m=t.model: _check_judge_model(m))
-        for i, t in enumerate(terms or [])
-        if isinstance(t, JudgeTerm)
-    ]
-    checks += [
-        (f"reward.terms.{i}.mode", lambda: _check_relative_groups(config.rollout.group_size))
-        for i, t in enumerate(terms or [])
-        if isinstance(t, JudgeTerm) and t.mode == "relative"
-    ]
-    checks.append(
-        (
-            "algorithm.estimator",
-            lambda: resolve("estimator", config.algorithm.estimator, ESTIMATORS),
-        )
-    )
-    problems = []
+    allowed = ModuleAllowlist(limits.modules, HOW_TO_ALLOW_MODULE) if limits else None
+    with only_modules(allowed) if allowed else nullcontext():
+        problems = _problems(config, limits)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
+    """One '  field: message' line per failed check."""
+    from agent_core.registry import UnknownNameError
+
+    problems = [f"  {field}: {message}" for field, message in _size_problems(config)]
     needs = _estimator_needs(config)
     if needs:
         problems.append(f"  algorithm.estimator: {needs}")
-    for field, check in checks:
+    for field, check in [*_env_checks(config, limits), *_name_checks(config)]:
         try:
             check()
         except (UnknownNameError, TypeError, ValueError) as exc:
             problems.append(f"  {field}: {exc}")
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(problems))
+    return problems
+
+
+def _env_checks(
+    config: RunConfig, limits: DeploymentLimits | None
+) -> list[tuple[str, Callable[[], Any]]]:
+    """(field, check) for the env: its name, context, constructor, tasks, tools; the model."""
+    from agent_core.context import make_context_policy
+    from agent_core.envs import contract, env_class
+    from agent_core.registry import resolve
+    from agent_core.tools import make_tool, tool_class
+
+    env = config.env
+    constructed = (env.kwargs, env.tool_options.model_dump())
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        ("env.name", lambda: env_class(env.name)),
+        ("env.context", lambda: make_context_policy(env.context)),
+        ("env.context", lambda: _check_env(config, contract.check_context, env.context)),
+        ("env.kwargs", lambda: _check_env(config, contract.check_constructor, *constructed)),
+        (
+            "env.task_options",
+            lambda: _check_env(config, contract.check_task_options, env.task_options),
+        ),
+        ("env.name", lambda: _check_env(config, contract.check_reset)),
+        ("env.tools", lambda: _check_env_takes_tools(config)),
+        ("env.tasks", lambda: _check_task_file(config, limits)),
+        ("model.path", lambda: _check_model_folder(config)),
+    ]
+    if env.agent is not None:
+        checks.append(("env.agent", lambda: resolve("agent", env.agent, {})))
+    checks += [(f"env.tools.{i}", lambda n=n: tool_class(n)) for i, n in enumerate(env.tools)]
+    # Built with its options now: a python sandbox this machine cannot provide fails here.
+    # Tools an env builds itself (the code env's sandbox, the search env's index) are built
+    # too, so a sandbox this machine lacks or a bad corpus fails at load.
+    tool_options = env.tool_options.model_dump()
+    own = [n for n in getattr(_known_env(config), "own_tools", ()) if n not in env.tools]
+    checks += [
+        (f"env.tool_options.{n}", lambda n=n: make_tool(n, tool_options))
+        for n in [*(n for n in env.tools if n in tool_options), *own]
+    ]
+    return checks
+
+
+def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
+    """(field, check) for the reward terms and the estimator."""
+    from agent_core.algorithms.advantages import ESTIMATORS
+    from agent_core.envs import contract
+    from agent_core.registry import resolve
+    from agent_core.rewards import reward_fn
+
+    terms = config.reward.terms
+    checks: list[tuple[str, Callable[[], Any]]] = []
+    if terms is None:  # the env's own default terms
+        checks.append(("reward.terms", lambda: _check_env(config, contract.check_reward_terms)))
+    for i, term in enumerate(terms or []):
+        checks.append((f"reward.terms.{i}.name", lambda n=term.name: reward_fn(n)))
+        if isinstance(term, JudgeTerm):
+            checks.append((f"reward.terms.{i}.model", lambda m=term.model: _check_judge_model(m)))
+        if isinstance(term, JudgeTerm) and term.mode == "relative":
+            checks.append(
+                (
+                    f"reward.terms.{i}.mode",
+                    lambda: _check_relative_groups(config.rollout.group_size),
+                )
+            )
+    estimator = config.algorithm.estimator
+    checks.append(("algorithm.estimator", lambda: resolve("estimator", estimator, ESTIMATORS)))
+    return checks
 
 
 def _known_env(config: RunConfig) -> type | None:
@@ -222,9 +313,10 @@ def _check_env_takes_tools(config: RunConfig) -> None:
         )
 
 
-def _check_task_file(config: RunConfig) -> None:
+def _check_task_file(config: RunConfig, limits: DeploymentLimits | None) -> None:
     """Open env.tasks (columns, empty cells, disjoint splits) and fit the run's sizes to its
-    splits; an env without tasks of its own needs a file."""
+    splits; an env without tasks of its own needs a file. A deployment run (`limits`) opens
+    only files under its data roots."""
     from agent_core.task_file import open_task_file
 
     spec = config.env.tasks
@@ -233,6 +325,8 @@ def _check_task_file(config: RunConfig) -> None:
         if cls is not None and getattr(cls, "needs_task_file", False):
             raise ValueError(f"env {config.env.name!r} has no tasks of its own: set env.tasks")
         return
+    if limits is not None:
+        _check_data_root(spec.path, limits)
     sizes = open_task_file(spec).sizes
     if config.rollout.tasks_per_iteration > sizes["train"]:
         raise ValueError(
@@ -244,6 +338,72 @@ def _check_task_file(config: RunConfig) -> None:
             f"eval.episodes={config.eval.episodes} exceeds the {sizes['held_out']} held_out "
             f"rows of {spec.path}: lower eval.episodes"
         )
+
+
+def _check_data_root(path: str, limits: DeploymentLimits) -> None:
+    """Refuse a task file outside the shipped data and `limits.data_roots` (symlinks and '..'
+    resolved first, so neither leads out of a root)."""
+    roots = [SHIPPED_DATA, *(Path(r) for r in limits.data_roots)]
+    where = Path(path).resolve()
+    if not any(where.is_relative_to(root.resolve()) for root in roots):
+        shown = ", ".join(str(r) for r in roots)
+        raise ValueError(
+            f"path {path!r} is outside the folders a deployment run may read ({shown}): "
+            "restart `steprl serve` with `--data-root <the folder holding it>` to allow it"
+        )
+
+
+# What one episode costs in memory before any token (env, task, messages, step records), and
+# what one token of a step costs (prompt and response ids, log-probs, masks; int32/float32).
+EPISODE_BYTES = 16 * 1024
+TOKEN_BYTES = 8
+
+
+def _machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _episode_bytes(config: RunConfig, episodes: int) -> int:
+    """A bound on the memory `episodes` episodes take: all are built up front, and each step
+    stores its prompt (at most rollout.max_prompt_tokens) and its response."""
+    r = config.rollout
+    step_tokens = r.max_prompt_tokens + r.max_new_tokens
+    return episodes * (EPISODE_BYTES + config.env.max_steps * step_tokens * TOKEN_BYTES)
+
+
+def _size_problems(config: RunConfig, memory: int | None = None) -> list[tuple[str, str]]:
+    """(field, message) for an iteration's rollouts or the evaluation whose episodes cannot
+    fit in this machine's memory (`memory` bytes), with the estimate."""
+    memory = memory if memory is not None else _machine_memory()
+    r, e = config.rollout, config.eval
+    batches = [
+        (
+            "rollout.group_size",
+            r.tasks_per_iteration * r.group_size,
+            f"rollout.tasks_per_iteration={r.tasks_per_iteration} x group_size={r.group_size}",
+        ),
+        (
+            "eval.samples_per_task",
+            e.episodes * e.samples_per_task,
+            f"eval.episodes={e.episodes} x samples_per_task={e.samples_per_task}",
+        ),
+    ]
+    problems = []
+    for field, episodes, why in batches:
+        need = _episode_bytes(config, episodes)
+        if need > memory:
+            problems.append(
+                (
+                    field,
+                    f"{why} = {episodes:,} episodes of up to env.max_steps={config.env.max_steps}"
+                    f" steps x (rollout.max_prompt_tokens + max_new_tokens = "
+                    f"{r.max_prompt_tokens + r.max_new_tokens:,} tokens) need about "
+                    f"{need / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} "
+                    "GiB: lower them (or split the work over more iterations)",
+                )
+            )
+    return problems
 
 
 def _check_model_folder(config: RunConfig) -> None:

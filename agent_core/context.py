@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_core.records import Message
-from agent_core.registry import resolve
+from agent_core.registry import resolve, resolve_subclass
 
 #: A summarizer turns messages (the task message, then the turns to fold) into a short text.
 Summarizer = Callable[[list[Message]], str]
@@ -310,7 +310,9 @@ def _construct(kind: str, cls: Callable[..., Any], kwargs: dict[str, Any], examp
 
 
 def make_summarizer(spec: str | Mapping[str, Any] | Summarizer) -> Summarizer:
-    """A summarizer from "rule", "policy", {"name": "rule", "max_chars": 300}, or a callable."""
+    """A summarizer from "rule", "policy", {"name": "rule", "max_chars": 300}, or a callable;
+    a 'package.module:attribute' one must be marked `@plugin("summarizer")` (checked before it
+    is called with the config's arguments)."""
     if callable(spec):
         return spec
     name, kwargs = _split_spec("summarizer", spec, SUMMARIZERS)
@@ -329,9 +331,7 @@ def make_context_policy(spec: str | Mapping[str, Any] | ContextPolicy) -> Contex
     if isinstance(spec, ContextPolicy):
         return spec
     name, kwargs = _split_spec("context policy", spec, CONTEXT_POLICIES)
-    cls = resolve("context policy", name, CONTEXT_POLICIES)
-    if not (isinstance(cls, type) and issubclass(cls, ContextPolicy)):
-        raise ValueError(f"context policy {name!r} resolves to {cls!r}, not a ContextPolicy")
+    cls = resolve_subclass("context policy", name, CONTEXT_POLICIES, ContextPolicy)
     if "summarizer" in kwargs:
         kwargs["summarizer"] = make_summarizer(kwargs["summarizer"])
     return _construct(f"context policy {name!r}", cls, kwargs, SPEC_EXAMPLES.get(name))

@@ -16,7 +16,7 @@ from agent_core.envs import env_class
 from agent_core.envs.tool_calls import CallError, parse_tool_calls
 from agent_core.judge import JudgeEngine, judge_trajectories
 from agent_core.records import Step, Task
-from agent_core.registry import resolve
+from agent_core.registry import is_plugin, resolve
 from configs.judge import JudgeTerm
 from configs.run_config import RewardTerm, RunConfig
 
@@ -91,15 +91,19 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+def _is_reward(found: Any) -> bool:
+    return isinstance(found, RewardFn) or is_plugin(found, "reward")
+
+
 def reward_fn(name: str) -> RewardFn:
-    """Resolve a configured reward name; a bare callable from 'module:fn' is an outcome reward."""
-    found = resolve("reward", name, REWARDS)
+    """Resolve a configured reward name: a 'module:fn' is a `RewardFn` or a function marked
+    `@plugin("reward")` (an outcome reward, or as its `reward_kind` attribute says)."""
+    found = resolve(
+        "reward", name, REWARDS, _is_reward, "a RewardFn or a function marked @plugin('reward')"
+    )
     if isinstance(found, RewardFn):
         return found
-    if callable(found):
-        kind = getattr(found, "reward_kind", "outcome")
-        return RewardFn(found, kind)
-    raise TypeError(f"reward {name!r} resolves to {found!r}, which is not callable")
+    return RewardFn(found, getattr(found, "reward_kind", "outcome"))
 
 
 def configured_terms(cfg: RunConfig) -> list[RewardTerm | JudgeTerm]:

@@ -19,7 +19,9 @@ DEFAULT_RUBRIC = (
 class JudgeTerm(BaseModel):
     """An outcome reward scored by a model reading the task and each trajectory."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
+    )
 
     name: Literal["judge"] = Field(description="'judge': the model-judged reward term.")
     weight: float = Field(1.0, description="Multiplier applied to the judge's score in [0, 1].")

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class _EngineSection(BaseModel):
     """Unknown keys are errors, assignments are validated, floats are finite."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
+    )
 
 
 class RemoteEngineSection(_EngineSection):

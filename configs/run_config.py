@@ -27,10 +27,13 @@ from configs.task_file import TaskFileSection
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated, and
-    every float must be finite (NaN or inf in a weight or a rate would train on garbage)."""
+    """Base of every config section: unknown keys are errors, assignments are validated,
+    every float must be finite (NaN or inf in a weight or a rate would train on garbage), and
+    types are strict (`true` is no count, '3' no number; an integer is a float)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
+    )
 
 
 def _finite_numbers(value: Any, where: str = "") -> None:
@@ -462,7 +465,7 @@ class AlgorithmSection(Section):
         return self
 
 
-AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0, strict=True)]
 
 
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -502,7 +505,9 @@ class TrainerSection(Section):
     learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[AdamBeta, AdamBeta] = Field(
-        (0.9, 0.999), description="AdamW betas (beta1, beta2), each in [0, 1)."
+        (0.9, 0.999),
+        strict=False,  # YAML and JSON give a list; each beta stays strict (AdamBeta)
+        description="AdamW betas (beta1, beta2), each in [0, 1).",
     )
     micro_batch_size: int = Field(
         4,

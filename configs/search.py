@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SearchToolOptions(BaseModel):
     """BM25 search over a corpus file (the index is built once per corpus and process)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
     corpus: str = Field(
         "generated",

@@ -30,14 +30,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[Task, Any], Any]
+AGENT_CONCURRENCY = 100_000
 
 
 def resolve_agent(name: str) -> AgentFn:
-    """The agent function named 'package.module:function' (sync or async)."""
-    fn = resolve("agent", name, {})
-    if not callable(fn):
-        raise TypeError(f"agent {name!r} resolves to {fn!r}, which is not callable")
-    return fn
+    """The agent function named 'package.module:function' (sync or async), marked
+    `@plugin("agent")`."""
+    return resolve("agent", name, {})
 
 
 class AgentFunctionLoop:
@@ -124,6 +123,9 @@ def agent_function_loop(
     settings = ServerSettings(
         default_max_tokens=sampling.max_new_tokens, max_tokens_limit=sampling.max_new_tokens,
         temperature=sampling.temperature, top_p=sampling.top_p, tool_prompt=cfg.env.tool_prompt,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        # every episode of the iteration may have a call in progress; none may be told to retry
+        max_concurrent_requests=AGENT_CONCURRENCY,
     )  # fmt: skip
     env = cfg.env
     tokenizer = engine.tokenizer  # type: ignore[attr-defined]

@@ -7,6 +7,8 @@ import json
 
 from openai import OpenAI
 
+from agent_core.registry import plugin
+
 SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": SCHEMA}}]
 SYSTEM = (
@@ -45,6 +47,7 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
+@plugin("agent")
 def solve(task, client: OpenAI) -> str:
     """One episode: chat with tools until the model answers; return its final answer."""
     messages = [
