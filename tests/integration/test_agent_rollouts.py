@@ -14,6 +14,7 @@ import pytest
 from agent_core.config import load_config
 from agent_core.iteration import make_loop
 from agent_core.records import Task
+from agent_core.registry import plugin
 from agent_core.rollout.hf_engine import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.serving.episodes import EpisodeLog
@@ -24,6 +25,7 @@ from tests.integration.test_policy_server import RecordingEngine
 HERE = "tests.integration.test_agent_rollouts"
 
 
+@plugin("agent")
 def chat_agent(task: Task, client: openai.OpenAI) -> float:
     """Two calls; the second extends the first (previous messages + reply + a new message)."""
     messages = [
@@ -36,6 +38,7 @@ def chat_agent(task: Task, client: openai.OpenAI) -> float:
     return 0.5
 
 
+@plugin("agent")
 async def rewriting_agent(task: Task, client: openai.AsyncOpenAI) -> str:
     """Async; the second call rewrites the system prompt, so its prompt is rendered afresh."""
     messages = [
@@ -49,6 +52,7 @@ async def rewriting_agent(task: Task, client: openai.AsyncOpenAI) -> str:
     return f"Answer: {task.answer}"  # a final answer, scored by the env's own check
 
 
+@plugin("agent")
 def flaky_agent(task: Task, client: openai.OpenAI) -> float:
     """Episode 0 of each task raises, 1 hangs, 2 sends a malformed message, 3 works."""
     index = flaky_agent.counter = getattr(flaky_agent, "counter", -1) + 1
@@ -204,6 +208,7 @@ def test_readme_agent_trains_through_tool_calls(tiny_tokenizer, tmp_path: Path) 
     assert steps[1].success and steps[1].reward == 1.0 and steps[1].info["end"] == "answer"
 
 
+@plugin("agent")
 def two_role_agent(task: Task, client: openai.OpenAI) -> float:
     """A solver answers twice (its own conversation), a checker judges in between."""
     solver = [{"role": "user", "content": task.prompt}]
