@@ -52,11 +52,11 @@ USERNS_SYSCTL = "/proc/sys/user/max_user_namespaces"
 # What the weaker levels leave open; the file part depends on Landlock (see `weakness`).
 WARNINGS: dict[Isolation, str] = {
     "namespaces": "",
-    "uid": "no namespaces: the code shares the host's pid and network namespaces (network "
-    "sockets are still blocked by seccomp)",
-    "none": "no namespaces and no uid drop: the code runs as this user; process count is not "
-    "limited and a process that calls setsid() can outlive the call; network sockets are still "
-    "blocked by seccomp",
+    "uid": "no namespaces: the code shares the host's pid and network namespaces (seccomp still "
+    "blocks network sockets and every unix socket but a connected stream pair)",
+    "none": "no namespaces and no uid drop: the code runs as this user (as root: without any "
+    "capability) and its process count is not limited; seccomp still blocks network sockets "
+    "and every unix socket but a connected stream pair",
 }
 FILES_OPEN: dict[Isolation, str] = {
     "namespaces": "",
@@ -385,6 +385,7 @@ def _describe(level: Isolation, limits: SandboxLimits, uid: int | None) -> str:
         f"nofile={limits.open_files}" + (f" nproc={limits.max_processes}" if own_uid else "")
     )
     who = f"uid {uid}" if uid else "root of its own user namespace, no capabilities"
+    scratch = f"host scratch dir {limits.scratch_mb}MB (polled, deleted files still held count)"
     parts = {
         "namespaces": [
             "pid+net+mount+ipc+uts namespaces",
@@ -392,15 +393,19 @@ def _describe(level: Isolation, limits: SandboxLimits, uid: int | None) -> str:
             f"tmpfs {SANDBOX_DIR} {limits.scratch_mb}MB",
             who,
         ],
-        "uid": [f"host scratch dir {limits.scratch_mb}MB (polled)", f"uid {uid}"],
-        "none": [f"host scratch dir {limits.scratch_mb}MB (polled)", "runs as the host user"],
+        "uid": [scratch, f"uid {uid}"],
+        "none": [
+            scratch,
+            "runs as the host user" + (", no capabilities" if os.geteuid() == 0 else ""),
+        ],
     }[level]
     if level != "namespaces" and _landlock_abi():
         parts.append(f"landlock ABI {_landlock_abi()}: read system+interpreter, write scratch")
     tail = [
         f"memory: all processes of the call together <= {limits.memory_mb}MB (polled PSS)",
         "no_new_privs",
-        "seccomp: no network sockets",
+        "seccomp: no network sockets, memfd, SysV or POSIX IPC, kernel keys"
+        + ("" if level == "namespaces" else ", unix sockets but stream pairs"),
         "minimal env",
         "process-tree kill",
     ]
@@ -453,17 +458,14 @@ def weakness(level: Isolation) -> str:
         return ""
     abi = _landlock_abi()
     if abi == 0:
-        files = f"{FILES_OPEN[level]} and talk to abstract unix sockets (no Landlock)"
+        files = f"{FILES_OPEN[level]} (no Landlock)"
     else:
         files = (
             "Landlock lets it read only the system folders and the interpreter, use four "
             "devices and write only its scratch folder"
         )
-        files += (
-            "; signals and abstract unix sockets stay inside the call"
-            if abi >= 6
-            else "; it can talk to abstract unix sockets (Landlock ABI < 6)"
-        )
+    if level == "none" and abi < 6:
+        files += "; it can signal this user's processes (Landlock ABI < 6)"
     return f"{WARNINGS[level]}; {files}"
 
 
@@ -506,8 +508,9 @@ class PythonTool(BaseTool):
     /home, /root, /tmp and the repo do not exist for it. It runs in new pid/net/mount/ipc/uts
     namespaces as a fresh uid (as root) or as the capability-less root of its own user namespace
     (otherwise), under rlimits (address space, CPU, processes, file size, open files),
-    no_new_privs and a seccomp filter that refuses non-unix sockets; the host kills the call
-    when all its processes together use more than `memory_mb`. A level that cannot run here
+    no_new_privs and a seccomp filter that refuses network sockets, memfd, SysV and POSIX IPC
+    and kernel keys (memory no walk of the call would see); the host kills the call when all
+    its processes together use more than `memory_mb`. A level that cannot run here
     raises `SandboxUnavailable` at construction: "uid" and "none" (see `weakness`) run only when
     asked for by name.
     """
