@@ -6,9 +6,11 @@ from __future__ import annotations
 import ast
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import uuid
@@ -321,3 +323,134 @@ def test_weaker_levels_cannot_touch_the_trainer(
     assert result.text.split() == ["PermissionError"] * 4, result.text
     assert not (REPO_FILE.parent / "planted.txt").exists()
     assert "Landlock" in result.info["sandbox_warning"]
+
+
+@pytest.fixture(params=sandbox.LEVELS)
+def level_tool(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fresh_probe: None
+) -> PythonTool:
+    """A tool at each level ('uid' through an interpreter other uids can run)."""
+    level = request.param
+    if level == "namespaces" and NAMESPACES_PROBLEM is not None:
+        pytest.skip(f"no namespaces here: {NAMESPACES_PROBLEM}")
+    if level == "uid":
+        python = _world_runnable_python()
+        if python is None:
+            pytest.skip("level 'uid' needs root and an interpreter other uids can run")
+        monkeypatch.setattr(sandbox, "_interpreter", lambda: python)
+    return PythonTool(timeout_s=10, memory_mb=256, isolation=level)
+
+
+ATTEMPT = """
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(action):
+    try:
+        action()
+        return "done"
+    except OSError as exc:
+        return type(exc).__name__
+def checked(result, undo=None):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), "refused")
+    if undo is not None:  # a leaky sandbox must still not leave it on the host
+        undo(result)
+"""
+# 300 MB in memfd files (each under the 16 MB file-size limit) and the IPC objects that keep
+# memory beyond what a walk of the call's files and mappings sees, under a 256 MB memory limit.
+HIDDEN_MEMORY = (
+    ATTEMPT
+    + """
+def memfds():
+    held = [os.memfd_create("hold") for _ in range(20)]
+    for fd in held:
+        os.write(fd, b"x" * (15 * 1024 * 1024))
+ipc_rmid = 0
+key = {"x86_64": 248, "aarch64": 217}[platform.machine()]  # add_key
+print([
+    attempt(memfds),
+    attempt(lambda: checked(libc.shmget(0, 300 << 20, 0o1600), lambda i: libc.shmctl(i, 0, None))),
+    attempt(lambda: checked(libc.semget(0, 1, 0o1600), lambda i: libc.semctl(i, 0, ipc_rmid))),
+    attempt(lambda: checked(libc.msgget(0, 0o1600), lambda i: libc.msgctl(i, ipc_rmid, None))),
+    attempt(lambda: checked(
+        libc.mq_open(b"/steprl-test", os.O_CREAT | os.O_RDWR, 0o600, None),
+        lambda _: libc.mq_unlink(b"/steprl-test"),
+    )),
+    attempt(lambda: checked(libc.syscall(key, b"user", b"steprl", b"x" * 1000, 1000, -4))),
+])
+"""
+)
+
+
+def test_every_level_refuses_memory_that_no_walk_sees(level_tool: PythonTool) -> None:
+    result = level_tool.run({"code": HIDDEN_MEMORY})
+    assert ast.literal_eval(result.text) == ["PermissionError"] * 6, result.text
+    assert "memfd" in result.info["sandbox"]
+
+
+# Files written, then unlinked while still open (or mapped, fd closed): 105 MB that a walk of
+# the scratch folder does not see, each under the 16 MB file-size limit.
+HELD_DELETED = """
+import mmap, os, time
+held = []
+for i in range(7):
+    with open(f"f{{i}}", "wb+") as handle:
+        handle.write(b"x" * (15 * 1024 * 1024))
+        handle.flush()
+        held.append(mmap.mmap(handle.fileno(), 4096) if {mapped} else os.dup(handle.fileno()))
+    os.unlink(f"f{{i}}")
+print("holding", 15 * len(held), "MB")
+time.sleep(5)
+print("done")
+"""
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["open", "mapped"])
+def test_deleted_files_still_held_count_against_scratch(
+    level_tool: PythonTool, mapped: bool
+) -> None:
+    start = time.monotonic()
+    result = level_tool.run({"code": HELD_DELETED.format(mapped=mapped)})
+    assert "done" not in result.text and "holding 105 MB" not in result.text, result.text
+    if level_tool.isolation == "namespaces":  # the tmpfs counts an unlinked file's pages
+        assert "No space left on device" in result.text, result.text
+    else:
+        assert result.info["killed_by"] == "scratch", result.text
+        assert "in deleted files still held (limit 64MB)" in result.text
+    assert time.monotonic() - start < 4
+
+
+@pytest.fixture
+def host_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A listening unix socket of the host that every uid may connect to."""
+    folder = tempfile.mkdtemp(prefix="steprl-sock-")  # short: unix socket paths are limited
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, "host.sock")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        os.chmod(path, 0o777)
+        server.listen()
+        server.settimeout(0.2)
+        yield path, server
+    shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("level_tool", ["uid", "none"], indirect=True)
+def test_host_unix_sockets_are_unreachable(
+    level_tool: PythonTool, host_socket: tuple[str, socket.socket]
+) -> None:
+    """Landlock does not cover connect(); seccomp leaves the code only connected stream pairs,
+    which reach nothing outside the call (and are what asyncio needs)."""
+    path, server = host_socket
+    code = ATTEMPT + (
+        "import asyncio, socket\n"
+        f"def connect():\n    socket.socket(socket.AF_UNIX).connect({path!r})\n"
+        "def datagram():\n"
+        "    left, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        f"    left.sendto(b'x', {path!r})\n"
+        "print(attempt(connect), attempt(datagram), asyncio.run(asyncio.sleep(0, 'ok')))\n"
+    )
+    result = level_tool.run({"code": code})
+    assert result.text.split() == ["PermissionError", "PermissionError", "ok"], result.text
+    with pytest.raises(TimeoutError):
+        server.accept()
