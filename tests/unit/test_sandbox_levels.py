@@ -454,3 +454,41 @@ def test_host_unix_sockets_are_unreachable(
     assert result.text.split() == ["PermissionError", "PermissionError", "ok"], result.text
     with pytest.raises(TimeoutError):
         server.accept()
+
+
+def test_level_none_run_as_root_keeps_no_capability(fresh_probe: None) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root trainer has capabilities for the code to lose")
+    tool = PythonTool(timeout_s=5, isolation="none")
+    code = ATTEMPT + (  # the hostname it would set is the current one: a leak changes nothing
+        "import socket\n"
+        "print(os.getuid(), attempt(lambda: socket.sethostname(socket.gethostname())),\n"
+        "      attempt(lambda: os.setuid(12345)), attempt(lambda: os.chown('main.py', 1, 1)))\n"
+    )
+    result = tool.run({"code": code})
+    assert result.text.split() == ["0", *["PermissionError"] * 3], result.text
+    assert "runs as the host user, no capabilities" in result.info["sandbox"]
+
+
+# A daemon: a child calls setsid() and leaves a grandchild behind, then the program ends.
+DAEMON = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        time.sleep(30)
+    os._exit(0)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("level_tool", ["uid", "none"], indirect=True)
+def test_nothing_the_call_started_outlives_it(level_tool: PythonTool) -> None:
+    result = level_tool.run({"code": DAEMON})
+    daemon = int(result.text)
+    try:
+        state = Path(f"/proc/{daemon}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return
+    assert state in (b"Z", b"X"), f"the daemon {daemon} is still running"
