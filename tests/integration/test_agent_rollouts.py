@@ -69,6 +69,16 @@ def flaky_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+@plugin("agent")
+def big_message_agent(task: Task, client: openai.OpenAI) -> float:
+    """Episode 0 sends a 300 KB message, 1 one of 2000 characters; the others are fine."""
+    index = big_message_agent.counter = getattr(big_message_agent, "counter", -1) + 1
+    text = {0: "x" * 300_000, 1: "y" * 2000}.get(index, task.prompt)
+    messages = [{"role": "user", "content": text}]
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -139,6 +149,18 @@ def test_failing_agents_end_only_their_episode(tiny_model_dir, engine) -> None:
     assert ok[-1].reward == 1.0
     failed = [s[-1] for s in by_episode.values() if s[-1].info.get("agent_error")]
     assert all(s.reward == 0.0 and s.truncated for s in failed)  # the malformed call: no step
+
+
+def test_one_episodes_huge_message_fails_only_that_episode(tiny_model_dir, engine) -> None:
+    """Messages longer than rollout.max_prompt_tokens are refused before batching, so the
+    episodes whose calls would have shared their engine call keep their rows."""
+    cfg = agent_config(tiny_model_dir, "big_message_agent", "env.agent_timeout_s=60",
+                       "rollout.max_prompt_tokens=1024")  # fmt: skip
+    spy = RecordingEngine(engine)
+    steps, stats = run_agent(cfg, spy, group_size=4, tasks=1)
+    assert [s.info.get("agent_error") is None for s in steps] == [True] * 2
+    assert stats.env_errors == 2 and stats.episodes == 4
+    assert max(len(p) for prompts, _, _ in spy.calls for p in prompts) <= 1024
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
