@@ -113,20 +113,32 @@ def serve(
     allowed_host: list[str] = typer.Option(
         [], help="Another name browsers and clients use for this machine (repeatable)."
     ),
+    allow_module: list[str] = typer.Option(
+        [],
+        help="A module (with its submodules) whose 'module:attribute' names runs started from "
+        "the UI, API or a schedule may import (repeatable); default: none, only steprl's own "
+        "names.",
+    ),
+    data_root: list[Path] = typer.Option(
+        [],
+        help="A folder such runs may read task files (env.tasks) from (repeatable); default: "
+        "only the shipped configs/data.",
+    ),
 ) -> None:
     """Start Prefect + MLflow servers, register deployments, run them until Ctrl-C."""
-    from flows.serve import check_auth, serve_forever
+    from flows.serve import check_auth, deployment_limits_from, serve_forever
 
     for name in preset:
         _config(name, [])
     try:
         check_auth(auth)
+        limits = deployment_limits_from(allow_module, data_root)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     serve_forever(
         preset, cron, interval, continue_for, servers, host, prefect_port, mlflow_port,
-        auth, allowed_host,
+        auth, allowed_host, limits,
     )  # fmt: skip
 
 

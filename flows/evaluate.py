@@ -12,7 +12,13 @@ import sys
 
 from prefect import flow, runtime
 
-from agent_core.config import ConfigError, RunConfig, check_config, load_config
+from agent_core.config import (
+    ConfigError,
+    RunConfig,
+    check_config,
+    deployment_limits,
+    load_config,
+)
 from agent_core.evaluation import EvalRun
 from tasks.evaluate import evaluate_checkpoint
 
@@ -20,7 +26,9 @@ from tasks.evaluate import evaluate_checkpoint
 @flow(name="evaluate", log_prints=True)
 def evaluate(config: RunConfig, checkpoint: str = "latest") -> EvalRun:
     """Evaluate `checkpoint` of the run `config.run.name` on the env's held-out seeds."""
-    check_config(config)  # a deployment's parameters never went through load_config
+    # A deployment's parameters never went through load_config, and anyone with the UI or
+    # API sets them: such a run gets only the names and data `steprl serve` allows.
+    check_config(config, deployment_limits() if runtime.deployment.id else None)
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id)}
     result = evaluate_checkpoint(config, checkpoint, tags)
     metrics = result.outcome.metrics

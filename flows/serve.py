@@ -23,7 +23,12 @@ from pathlib import Path
 from prefect import serve
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from agent_core.config import load_config
+from agent_core.config import (
+    DEPLOYMENT_LIMITS_ENV,
+    SHIPPED_DATA,
+    DeploymentLimits,
+    load_config,
+)
 from flows.evaluate import evaluate
 from flows.train import train
 
@@ -296,6 +301,35 @@ def build_deployments(
     return deployments
 
 
+def deployment_limits_from(
+    allow_modules: Sequence[str], data_roots: Sequence[str | Path]
+) -> DeploymentLimits:
+    """The limits of `steprl serve --allow-module M --data-root DIR`; refuses a module name
+    that is no dotted name and a root that is no folder."""
+    for module in allow_modules:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise ValueError(
+                f"--allow-module {module!r}: give a module name, e.g. my_pkg or my_pkg.rewards"
+            )
+    roots = [Path(root).resolve() for root in data_roots]
+    for given, root in zip(data_roots, roots, strict=True):
+        if not root.is_dir():
+            raise ValueError(f"--data-root {given}: not a folder")
+    return DeploymentLimits(modules=tuple(allow_modules), data_roots=tuple(map(str, roots)))
+
+
+def announce_limits(limits: DeploymentLimits) -> None:
+    """Hand `limits` to the processes that execute deployment runs (they inherit this
+    environment; a run's parameters cannot change it) and say what they allow."""
+    os.environ[DEPLOYMENT_LIMITS_ENV] = limits.model_dump_json()
+    modules = ", ".join(limits.modules) or "none (steprl's own names only; --allow-module)"
+    roots = ", ".join([str(SHIPPED_DATA), *limits.data_roots])
+    print(
+        f"Deployment runs may import: {modules}; read task files under: {roots} (--data-root)",
+        flush=True,
+    )
+
+
 def serve_forever(
     presets: list[str],
     cron: str | None = None,
@@ -307,9 +341,12 @@ def serve_forever(
     mlflow_port: int = 5000,
     auth: str | None = None,
     allowed_hosts: Sequence[str] = (),
+    limits: DeploymentLimits | None = None,
 ) -> None:
     """Start the servers (unless told not to), register the deployments and execute their
-    runs in this process until interrupted; then stop the servers."""
+    runs in this process until interrupted; then stop the servers. The runs may name only
+    steprl's own names and `limits.modules`, and read task files only under `limits`' roots."""
+    announce_limits(limits or DeploymentLimits())
     services = None
     if with_servers:
         services = start_services(

@@ -14,7 +14,13 @@ import sys
 from prefect import flow, runtime
 from pydantic import BaseModel, Field
 
-from agent_core.config import ConfigError, RunConfig, check_config, load_config
+from agent_core.config import (
+    ConfigError,
+    RunConfig,
+    check_config,
+    deployment_limits,
+    load_config,
+)
 from agent_core.evaluation import EvalOutcome
 from agent_core.rollout.shard import shard_count
 from tasks.evaluate import evaluate_policy
@@ -48,7 +54,9 @@ class TrainSummary(BaseModel):
 @flow(name="train", log_prints=True)
 def train(config: RunConfig) -> TrainSummary:
     """Train the policy for `config.run.iterations` iterations (resuming a partial run)."""
-    check_config(config)  # a deployment's parameters never went through load_config
+    # A deployment's parameters never went through load_config, and anyone with the UI or
+    # API sets them: such a run gets only the names and data `steprl serve` allows.
+    check_config(config, deployment_limits() if runtime.deployment.id else None)
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id), "steprl.run_name": config.run.name}
     run = prepare_run(config, tags)
     done, metrics, held_out = [], {}, {}

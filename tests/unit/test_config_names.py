@@ -1,0 +1,244 @@
+"""Every name a config resolves is of its role's type before anything of it is called; a
+deployment run imports only allowed modules and reads task files only under its data roots;
+sizes that cannot fit and loosely typed values are refused at load."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from agent_core.config import (
+    DEPLOYMENT_LIMITS_ENV,
+    ConfigError,
+    DeploymentLimits,
+    RunConfig,
+    _size_problems,
+    apply_overrides,
+    check_config,
+    deployment_limits,
+    load_config,
+    preset_path,
+)
+from agent_core.context import make_context_policy
+from agent_core.registry import is_plugin, plugin
+from agent_core.rewards import reward_fn
+
+
+def _command_configs(marker: Path) -> dict[str, list[str]]:
+    """For each role, overrides naming a standard-library function that would create
+    `marker` if it were called (with the config's arguments where the role takes any)."""
+    touch = f"touch {marker}"
+    run = json.dumps({"name": "subprocess:run", "args": touch, "shell": True})
+    system = json.dumps({"name": "os:system", "command": touch})
+    return {
+        "env.name": ["env.name=subprocess:Popen"],
+        "env.agent": ["env.agent=os:system"],
+        "env.tools.0": ["env.tools=['subprocess:Popen']"],
+        "env.context": [f"env.context={run}"],
+        "summarizer": [f"env.context={{name: summarize, summarizer: {system}}}"],
+        "reward.terms.0.name": ["reward.terms=[{name: 'os:system', weight: 1.0}]"],
+        "algorithm.estimator": ["algorithm.estimator=subprocess:run"],
+    }
+
+
+@pytest.mark.parametrize("role", list(_command_configs(Path("m"))))
+def test_a_command_running_stdlib_function_is_refused_for_every_role(
+    role: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    field = "env.context" if role == "summarizer" else role
+    with pytest.raises(ConfigError, match=rf"{field}: .*which is not"):
+        load_config("smoke", _command_configs(marker)[role])
+    assert not marker.exists()
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A module of the user's: marked functions for each role, an unmarked one, and an
+    import that leaves a marker file (to see whether a refused name was ever imported)."""
+    imported = tmp_path / "imported"
+    (tmp_path / "user_parts.py").write_text(
+        textwrap.dedent(f"""
+        from pathlib import Path
+
+        from agent_core.algorithms import AdvantageResult
+        from agent_core.registry import plugin
+
+        Path({str(imported)!r}).touch()
+
+
+        @plugin("reward")
+        def bonus(trajectory, task):
+            return 1.0
+
+
+        @plugin("estimator")
+        def flat(arrays, options):
+            return AdvantageResult(arrays.rewards, arrays.rewards, 0, 0)
+
+
+        @plugin("summarizer")
+        class Short:
+            def __init__(self, words=3):
+                self.words = words
+
+            def __call__(self, messages):
+                return " ".join(messages[-1]["content"].split()[: self.words])
+
+
+        @plugin("agent")
+        def agent(task, client):
+            return "Answer: 1"
+
+
+        def unmarked(trajectory, task):
+            return 1.0
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield imported
+    sys.modules.pop("user_parts", None)
+
+
+USER_NAMES = [
+    "reward.terms=[{name: 'user_parts:bonus', weight: 1.0}]",
+    "algorithm.estimator=user_parts:flat",
+    "env.context={name: summarize, summarizer: {name: 'user_parts:Short', words: 2}}",
+    "env.agent=user_parts:agent",
+]
+
+
+def test_marked_functions_of_the_users_are_accepted_in_their_roles(user_module: Path) -> None:
+    config = load_config("smoke", USER_NAMES)
+    assert reward_fn("user_parts:bonus").kind == "outcome"
+    assert make_context_policy(config.env.context).summarizer.words == 2
+
+
+def test_unmarked_or_other_role_functions_are_refused(user_module: Path) -> None:
+    overrides = [
+        "reward.terms=[{name: 'user_parts:unmarked', weight: 1.0}]",
+        "algorithm.estimator=user_parts:bonus",  # a reward, not an estimator
+    ]
+    with pytest.raises(ConfigError) as caught:
+        load_config("smoke", overrides)
+    message = str(caught.value)
+    assert "reward.terms.0.name: reward 'user_parts:unmarked'" in message
+    assert "algorithm.estimator: estimator 'user_parts:bonus'" in message
+    assert "marked @plugin('estimator')" in message
+
+
+def _unchecked(overrides: list[str]) -> RunConfig:
+    """The smoke preset with `overrides`, as a deployment's parameters arrive: validated by
+    pydantic, never through load_config."""
+    data = yaml.safe_load(preset_path("smoke").read_text())
+    return RunConfig.model_validate(apply_overrides(data, overrides))
+
+
+@pytest.mark.parametrize("override", USER_NAMES)
+def test_a_deployment_run_imports_only_allowed_modules(user_module: Path, override: str) -> None:
+    field = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{field}.*`--allow-module user_parts`"):
+        check_config(_unchecked([override]), DeploymentLimits())
+    assert not user_module.exists(), "imported before it was refused"
+    check_config(_unchecked([override]), DeploymentLimits(modules=("user_parts",)))
+    assert user_module.exists()
+
+
+def test_the_allowlist_matches_whole_module_names(user_module: Path) -> None:
+    with pytest.raises(ConfigError, match="module 'user_parts' is not allowed"):
+        check_config(_unchecked([USER_NAMES[0]]), DeploymentLimits(modules=("user",)))
+    assert not user_module.exists()
+
+
+def test_deployment_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEPLOYMENT_LIMITS_ENV, raising=False)
+    assert deployment_limits() == DeploymentLimits()  # fails closed: nothing extra
+    given = DeploymentLimits(modules=("my_pkg",), data_roots=("/data",))
+    monkeypatch.setenv(DEPLOYMENT_LIMITS_ENV, given.model_dump_json())
+    assert deployment_limits() == given
+    monkeypatch.setenv(DEPLOYMENT_LIMITS_ENV, '{"modules": "my_pkg"}')
+    with pytest.raises(ConfigError, match="malformed"):
+        deployment_limits()
+
+
+def _task_file_overrides(path: Path) -> list[str]:
+    spec = {
+        "path": str(path),
+        "prompt": "Q: {question}",
+        "answer": "answer",
+        "train": {"rows": [0, 8]},
+        "held_out": {"rows": [8, 16]},
+    }
+    return [f"env.tasks={json.dumps(spec)}", "env.name=qa", "eval.episodes=4"]
+
+
+def test_a_deployment_run_reads_task_files_only_under_its_data_roots(tmp_path: Path) -> None:
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    for folder in (data, outside):
+        folder.mkdir()
+        frame = pl.DataFrame({"question": [f"q{i}" for i in range(16)], "answer": ["1"] * 16})
+        frame.write_ndjson(folder / "qa.jsonl")
+    inside = _unchecked(_task_file_overrides(data / "qa.jsonl"))
+    check_config(inside)  # the command line reads any file
+    with pytest.raises(
+        ConfigError, match=r"env\.tasks: path .*restart `steprl serve` with `--data"
+    ):
+        check_config(inside, DeploymentLimits())
+    roots = DeploymentLimits(data_roots=(str(data),))
+    check_config(inside, roots)
+    (data / "link.jsonl").symlink_to(outside / "qa.jsonl")
+    for leaving in (data / "link.jsonl", data / ".." / "outside" / "qa.jsonl"):
+        with pytest.raises(ConfigError, match="outside the folders a deployment run may read"):
+            check_config(_unchecked(_task_file_overrides(leaving)), roots)
+
+
+def test_group_sizes_that_cannot_fit_are_refused_with_an_estimate() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.group_size: .*1,000,000,000 .* GiB"):
+        load_config("smoke", ["rollout.group_size=500000000"])
+    with pytest.raises(ConfigError, match=r"eval\.samples_per_task: .*GiB"):
+        load_config("smoke", ["eval.samples_per_task=1000000000"])
+    config = load_config("smoke")
+    assert _size_problems(config) == []
+    fields = [field for field, _ in _size_problems(config, memory=1)]
+    assert fields == ["rollout.group_size", "eval.samples_per_task"]
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("run.iterations=true", "run.iterations"),
+        ("run.iterations='3'", "run.iterations"),
+        ("run.iterations=2.0", "run.iterations"),
+        ("env.few_shot=1", "env.few_shot"),
+        ("rollout.temperature='0.7'", "rollout.temperature"),
+        ("trainer.betas=[0.9, '0.99']", "trainer.betas.1"),
+    ],
+)
+def test_values_of_the_wrong_type_are_not_converted(override: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{field}: Input should be a valid"):
+        load_config("smoke", [override])
+
+
+def test_numbers_in_exponent_form_are_numbers() -> None:
+    config = load_config("smoke", ["trainer.learning_rate=1e-5", "trainer.betas=[0.9, 0.99]"])
+    assert config.trainer.learning_rate == 1e-5 and config.trainer.betas == (0.9, 0.99)
+    assert load_config("smoke", ["rollout.temperature=1"]).rollout.temperature == 1.0
+
+
+def test_plugin_marks_only_known_roles_and_reads_no_attribute() -> None:
+    with pytest.raises(ValueError, match="unknown plugin role"):
+        plugin("env")
+    with pytest.raises(TypeError, match="marks a function or a class"):
+        plugin("reward")(print)
+
+    class Anything:
+        def __getattr__(self, name: str) -> str:
+            return "reward"
+
+    assert not is_plugin(Anything(), "reward") and not is_plugin(Anything, "reward")
