@@ -366,17 +366,19 @@ def memfds():
     for fd in held:
         os.write(fd, b"x" * (15 * 1024 * 1024))
 ipc_rmid = 0
-key = {"x86_64": 248, "aarch64": 217}[platform.machine()]  # add_key
+add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]  # into the process keyring (-2)
 print([
     attempt(memfds),
-    attempt(lambda: checked(libc.shmget(0, 300 << 20, 0o1600), lambda i: libc.shmctl(i, 0, None))),
+    attempt(lambda: checked(
+        libc.shmget(0, 300 << 20, 0o1600), lambda i: libc.shmctl(i, ipc_rmid, None)
+    )),
     attempt(lambda: checked(libc.semget(0, 1, 0o1600), lambda i: libc.semctl(i, 0, ipc_rmid))),
     attempt(lambda: checked(libc.msgget(0, 0o1600), lambda i: libc.msgctl(i, ipc_rmid, None))),
     attempt(lambda: checked(
         libc.mq_open(b"/steprl-test", os.O_CREAT | os.O_RDWR, 0o600, None),
         lambda _: libc.mq_unlink(b"/steprl-test"),
     )),
-    attempt(lambda: checked(libc.syscall(key, b"user", b"steprl", b"x" * 1000, 1000, -4))),
+    attempt(lambda: checked(libc.syscall(add_key, b"user", b"steprl", b"x" * 1000, 1000, -2))),
 ])
 """
 )
