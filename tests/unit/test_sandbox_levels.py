@@ -133,22 +133,29 @@ def test_user_namespace_flavour_has_no_capabilities(
     assert blocked.error and "PermissionError" in blocked.text
 
 
-# Run by an unprivileged trainer: the default level, then a fork bomb, forked memory hogs and a
-# remount attempt; one line of results.
+# Run by an unprivileged trainer: the default level, then a fork bomb, forked memory hogs, a
+# remount attempt and a memfd; level none with 105 MB in deleted files still held open and a
+# unix socket; one line of results.
 NON_ROOT_TRAINER = """
 import os
 from agent_core.tools.python_sandbox import PythonTool, sandbox_problem
 assert os.geteuid() != 0 and sandbox_problem("namespaces") is None
 tool = PythonTool(timeout_s=10, memory_mb=256)
+none = PythonTool(timeout_s=10, memory_mb=256, isolation="none")
 remount = "import ctypes\\nl = ctypes.CDLL(None, use_errno=True)\\n"
 remount += "print(l.mount(None, b'/usr', None, 32 | 4096, None), ctypes.get_errno())"
 hogs = "import os, time\\nfor _ in range(5):\\n    if os.fork() == 0:\\n"
 hogs += "        block = b'x' * (100 * 1024 * 1024)\\n        time.sleep(10)\\n"
+held = "import os, time\\nfor i in range(7):\\n    fd = os.open(str(i), os.O_RDWR | os.O_CREAT)\\n"
+held += "    os.write(fd, b'x' * (15 * 1024 * 1024))\\n    os.unlink(str(i))\\ntime.sleep(5)"
 results = [
     tool.run({"code": "import os\\nprint(os.getuid(), os.path.exists('/etc/passwd'))"}).text,
     tool.run({"code": "import os\\nwhile True:\\n    os.fork()"}).text.splitlines()[-1],
     str(tool.run({"code": hogs + "time.sleep(10)"}).info["killed_by"]),
     tool.run({"code": remount}).text,
+    tool.run({"code": "import os\\nos.memfd_create('x')"}).text.splitlines()[-1],
+    str(none.run({"code": held}).info["killed_by"]),
+    none.run({"code": "import socket\\nsocket.socket(socket.AF_UNIX)"}).text.splitlines()[-1],
 ]
 print("|".join(r.strip() for r in results))
 """
@@ -170,7 +177,7 @@ def _as_nobody() -> list[str] | None:
     return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
 
 
-def test_non_root_trainer_gets_namespaces_in_a_user_namespace() -> None:
+def test_non_root_trainer_namespaces_in_a_user_namespace_and_level_none() -> None:
     prefix = _as_nobody()
     if prefix is None:
         pytest.skip("needs root, setpriv and a system python3 of this version")
@@ -193,6 +200,9 @@ def test_non_root_trainer_gets_namespaces_in_a_user_namespace() -> None:
         "BlockingIOError: [Errno 11] Resource temporarily unavailable",  # NPROC per namespace
         "memory",
         "-1 1",  # EPERM: no capability to remount the read-only view
+        "PermissionError: [Errno 1] Operation not permitted",  # memfd_create
+        "scratch",  # the deleted files still held
+        "PermissionError: [Errno 1] Operation not permitted",  # a unix socket at level none
     ]
 
 
