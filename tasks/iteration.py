@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from pydantic import BaseModel
@@ -26,6 +26,7 @@ from agent_core.warmup import WarmupResult
 from agent_core.workers import placement
 from agent_core.workers.placement import SyncResult
 from configs.run_config import RunConfig
+from tasks import flow_runs
 
 
 def _key_part(value: Any) -> Any:
@@ -60,8 +61,22 @@ def artifact_key(run_name: str, iteration: int) -> str:
 
 @task(name="prepare_run", cache_policy=NONE)
 def prepare_run(config: RunConfig, tags: dict[str, str]) -> RunHandle:
-    """Model folder, run folder, MLflow run, and the iteration to start from."""
-    return phases.prepare_run(config, tags)
+    """Model folder, run folder, MLflow run, and the iteration to start from; an earlier flow
+    run of this run folder that Prefect still shows unfinished is marked Crashed."""
+    run = phases.prepare_run(config, tags)
+    try:
+        crashed = flow_runs.take_over(run.run_dir, tags["prefect.flow_run_id"])
+    except Exception as exc:  # a stale state in the UI must not stop the run that repairs it
+        get_run_logger().warning("could not check the run folder's last flow run: %s", exc)
+    else:
+        if crashed:
+            get_run_logger().warning(
+                "flow run %s of run %r ended without reporting (its process was killed or "
+                "crashed): marked Crashed",
+                crashed,
+                config.run.name,
+            )
+    return run
 
 
 @task(name="warmup_policy", **CACHED)

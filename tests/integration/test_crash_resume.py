@@ -1,6 +1,7 @@
 """Kill the training process (SIGKILL) inside each phase and rerun it: the run resumes, no
-replay row is lost or duplicated, MLflow holds one value per metric per iteration, and the
-final weights equal an uninterrupted run's (fixed seed)."""
+replay row is lost or duplicated, MLflow holds one value per metric per iteration, the final
+weights equal an uninterrupted run's (fixed seed), and Prefect shows the killed flow run
+Crashed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,14 @@ def _run(root: Path, name: str, crash_at: str | None = None) -> subprocess.Compl
     return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
 
 
+def _flow_run_state(root: Path, flow_run_id: str) -> str:
+    """A flow run's state type in the database of the runs' Prefect home (their temporary
+    Prefect servers are gone by now)."""
+    with contextlib.closing(sqlite3.connect(root.parent / "prefect-home" / "prefect.db")) as db:
+        found = db.execute("SELECT state_type FROM flow_run WHERE id = ?", (flow_run_id,))
+        return found.fetchone()[0]
+
+
 def _final_weights(root: Path, name: str) -> dict:
     ckpt = root / "runs" / name / "checkpoints" / f"iter_{ITERATIONS:04d}" / "model.safetensors"
     return load_file(ckpt)
@@ -83,9 +93,14 @@ def test_kill_in_phase_then_resume_exactly(reference, point: str) -> None:
     root = ref_root.parent / f"crash-{point}"
     crashed = _run(root, "crashy", crash_at=f"{point}:{ITERATIONS}")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    killed = (root / "runs" / "crashy" / "prefect_flow_run_id").read_text()
+    assert _flow_run_state(root, killed) == "RUNNING"  # what the UI showed forever before
     resumed = _run(root, "crashy")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"finished iterations [{ITERATIONS}]" in resumed.stdout  # resumed, not restarted
+    assert _flow_run_state(root, killed) == "CRASHED"
+    logs = resumed.stdout + resumed.stderr
+    assert f"flow run {killed} of run 'crashy' ended without reporting" in logs
 
     # replay: one committed partition per iteration, the steady run's rows value for value
     run_dir, ref_dir = root / "runs" / "crashy", ref_root / "runs" / ref_name

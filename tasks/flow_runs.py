@@ -1,0 +1,46 @@
+"""Which Prefect flow run trains a run folder: its id is recorded in the folder, and a rerun
+marks the recorded one Crashed when Prefect still shows it unfinished. A killed process never
+reports its end, so without this the UI showed it Running forever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Crashed
+
+from agent_core.replay.store import atomic_write_bytes
+
+RECORD_FILE = "prefect_flow_run_id"
+
+
+def take_over(run_dir: str, flow_run_id: str) -> str | None:
+    """Record `flow_run_id` as the run folder's flow run; if the one recorded before it is still
+    pending or running in Prefect, set it Crashed and return its id. Call it holding the run
+    lock: then no live process is training the folder, so that flow run's process is gone."""
+    record = Path(run_dir) / RECORD_FILE
+    previous = record.read_text().strip() if record.is_file() else ""
+    crashed = None
+    if previous and previous != flow_run_id:  # the same id: Prefect retrying this flow run
+        crashed = _mark_crashed(UUID(previous), flow_run_id)
+    atomic_write_bytes(record, flow_run_id.encode())
+    return crashed
+
+
+def _mark_crashed(flow_run_id: UUID, successor: str) -> str | None:
+    with get_client(sync_client=True) as client:
+        try:
+            state = client.read_flow_run(flow_run_id).state
+        except ObjectNotFound:  # recorded by another Prefect server (or its database was reset)
+            return None
+        if state is None or state.is_final():
+            return None
+        message = (
+            f"its process ended without reporting (killed or crashed): found {state.name} by "
+            f"flow run {successor}, which took over the run folder"
+        )
+        client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+    return str(flow_run_id)
