@@ -79,15 +79,15 @@ class RequestGate:
                 raise _Refused(429, f"the server is busy ({self.max_concurrent} requests in "
                                "progress, max_concurrent_requests); retry shortly",
                                "rate_limit_exceeded")  # fmt: skip
-        except _Refused as refused:
-            await _respond(send, refused, close=False)
+        except _Refused as refused:  # its body, if any, is never read: close
+            await _respond(send, refused)
             return
         self.active += 1
         try:
             try:
                 body = await self._read_body(scope, receive)
             except _Refused as refused:  # the rest of the body may still come: close
-                await _respond(send, refused, close=True)
+                await _respond(send, refused)
                 return
             if body is not None:
                 await self.app(scope, _replay(body, receive), send)
@@ -148,11 +148,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _respond(send: Send, refused: _Refused, close: bool) -> None:
+async def _respond(send: Send, refused: _Refused) -> None:
+    """Answer the refusal and close the connection (what is left of the body is not read)."""
     status, body = openai_error(refused.status, refused.message, refused.code)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
+    headers.append((b"connection", b"close"))
     if status == 429:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
