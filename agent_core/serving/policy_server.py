@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_core.serving.batcher import EngineError
@@ -54,8 +54,10 @@ def build_app(
         return _error(exc.status_code, str(exc.detail), exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, f"invalid request: {exc.errors()}")
+    async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
+        # errors quote the input they refuse, which may be megabytes long
+        errors = [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in exc.errors()]
+        return _error(400, f"invalid request: {errors}"[:2000])
 
     def sink_of(episode_id: str) -> CallSink:
         sink = episodes(episode_id) if episodes is not None else None

@@ -72,6 +72,8 @@ def test_bad_input_is_a_4xx_in_openai_shape_and_keeps_the_connection(
         for method, path in [("GET", "/nowhere"), ("DELETE", "/v1/completions")]:
             answer = http.request(method, path)
             assert answer.status_code in (404, 405) and "message" in answer.json()["error"]
+        huge = http.post("/v1/chat/completions", json={**CHAT, "messages": "x" * 100_000})
+        assert huge.status_code == 400 and len(huge.text) < 3000  # the input is not echoed
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200  # same connection
     assert engine.batches == [[engine.batches[0][0]]]  # only the good call reached the engine
 
