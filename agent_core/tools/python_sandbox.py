@@ -458,7 +458,7 @@ def weakness(level: Isolation) -> str:
         return ""
     abi = _landlock_abi()
     if abi == 0:
-        files = f"{FILES_OPEN[level]} (no Landlock)"
+        files = f"{FILES_OPEN[level]}, as this kernel has no Landlock"
     else:
         files = (
             "Landlock lets it read only the system folders and the interpreter, use four "
