@@ -421,6 +421,8 @@ print("done")
 def test_deleted_files_still_held_count_against_scratch(
     level_tool: PythonTool, mapped: bool
 ) -> None:
+    if mapped and level_tool.isolation == "none" and os.geteuid() != 0:
+        pytest.skip("a mapped deleted file is seen only by a root trainer (/proc/PID/map_files)")
     start = time.monotonic()
     result = level_tool.run({"code": HELD_DELETED.format(mapped=mapped)})
     assert "done" not in result.text and "holding 105 MB" not in result.text, result.text
