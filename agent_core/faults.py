@@ -18,14 +18,17 @@ POINTS = ("collect", "score", "replay", "update", "checkpoint", "log")
 
 
 ONCE_VAR = "STEPRL_CRASH_ONCE"
-MODE_VAR = "STEPRL_CRASH_MODE"  # "kill" (default) or "hang": stop answering instead of dying
+# "kill" (default); "hang": the calling thread sleeps forever (the process still answers
+# heartbeats); "stop": the process SIGSTOPs itself (alive to Ray, answering nothing)
+MODE_VAR = "STEPRL_CRASH_MODE"
 
 
 def crash_point(point: str, iteration: int) -> None:
     """Die here (SIGKILL: no cleanup, like a power cut) when the environment asks for it.
     With STEPRL_CRASH_ONCE=<file>, only the first process to get here dies (it creates the
     file first): a redone shard or a restarted rank then runs through. With
-    STEPRL_CRASH_MODE=hang the process sleeps forever instead (a hung worker or rank)."""
+    STEPRL_CRASH_MODE=hang the calling thread sleeps forever instead (a hung call), with
+    STEPRL_CRASH_MODE=stop the process stops (a frozen worker or rank)."""
     if os.environ.get(ENV_VAR) != f"{point}:{iteration}":
         return
     once = os.environ.get(ONCE_VAR)
@@ -34,7 +37,11 @@ def crash_point(point: str, iteration: int) -> None:
             os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
-    if os.environ.get(MODE_VAR) == "hang":
+    mode = os.environ.get(MODE_VAR)
+    if mode == "hang":
         while True:
             time.sleep(3600)
+    if mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return  # continued (SIGCONT) by hand: carry on
     os.kill(os.getpid(), signal.SIGKILL)

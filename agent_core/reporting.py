@@ -89,7 +89,11 @@ def iteration_metrics(
         "throughput/generated_tokens_per_s": gen_tokens / gen_seconds if gen_seconds else 0.0,
         "throughput/trained_tokens_per_s": upd.metrics.get("trained_tokens", 0.0)
         / max(upd.metrics.get("seconds", 0.0), 1e-9),
+        "rollout/shard_retries": float(sum(s.attempts - 1 for s in shards)),
+        # a shard redone after its worker died or stalled counts its failed tries: the
+        # longest shard, recovery included, is the collect phase's wall time
         "timing_s/collect": max(s.seconds for s in shards),
+        "timing_s/collect_redone": sum(s.failed_seconds for s in shards),
         "timing_s/score": scored.seconds,
         "timing_s/write_replay": partition.seconds,
         "timing_s/update": upd.seconds,

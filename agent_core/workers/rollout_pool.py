@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from agent_core.iteration import RunHandle, ShardResult
+from agent_core.replay.store import atomic_write_bytes
+from agent_core.workers.liveness import (
+    HEALTH,
+    CallTimeoutError,
+    SilentActorError,
+    actor_class,
+    ready_in_turn,
+)
 from agent_core.workers.ray_cluster import actor_options, ensure_ray, wait_started
 from agent_core.workers.rollout_worker import RolloutWorker
 from configs.run_config import RunConfig
@@ -19,15 +27,30 @@ from configs.run_config import RunConfig
 log = logging.getLogger(__name__)
 
 
+class _WorkerLost(Exception):
+    """A shard's worker died, went silent or ran past the timeout: the message says which."""
+
+
+def _with_failed_tries(result: ShardResult, attempt: int, start: float) -> ShardResult:
+    """`result` of a shard that took `attempt` tries since `start`: its seconds become the
+    whole wall time and its record on disk says so too (a rerun reads the record)."""
+    if attempt == 1:
+        return result
+    seconds = time.perf_counter() - start
+    result = result.model_copy(
+        update={"attempts": attempt, "failed_seconds": seconds - result.seconds, "seconds": seconds}
+    )
+    atomic_write_bytes(Path(result.path).with_suffix(".json"), result.model_dump_json().encode())
+    return result
+
+
 class RolloutPool:
     """`rollout.workers` long-lived workers; slot i runs shards i, i + N, i + 2N, ..."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        import ray
-
         ensure_ray(cfg)
         self.cfg = cfg
-        self._remote = ray.remote(RolloutWorker)
+        self._remote = actor_class(RolloutWorker)
         self._lock = threading.Lock()
         self.workers: list[Any] = [self._start() for _ in range(cfg.rollout.workers)]
         r = cfg.rollout
@@ -47,36 +70,53 @@ class RolloutPool:
                 self.workers[slot] = self._start()
 
     def collect(self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
-        """Run `shard` on its worker; on a worker that dies or exceeds
-        `ray.collect_timeout_s`, kill it, start a fresh one and redo the whole shard (its
-        staged file is written once, atomically, when the shard is complete)."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
+        """Run `shard` on its worker; on a worker that dies, stops answering heartbeats or
+        exceeds `ray.collect_timeout_s`, kill it, start a fresh one and redo the whole shard
+        (its staged file is written once, atomically, when the shard is complete). The
+        result's seconds include the failed tries."""
+        start = time.perf_counter()
         slot = shard % len(self.workers)
         attempts = cfg.ray.shard_attempts
         for attempt in range(1, attempts + 1):
             worker = self.workers[slot]
-            ref = worker.collect.remote(
-                cfg.model_dump_json(), run.model_dump_json(), iteration, shard
-            )
             try:
-                return ShardResult.model_validate_json(
-                    ray.get(ref, timeout=cfg.ray.collect_timeout_s)
-                )
-            except (RayActorError, GetTimeoutError) as exc:
-                why = "timed out" if isinstance(exc, GetTimeoutError) else "died"
+                answer = self._collect_on(cfg, run, iteration, shard, worker)
+            except _WorkerLost as lost:
                 log.warning(
-                    "rollout worker %d %s on shard %d of iteration %d (attempt %d/%d): "
+                    "rollout worker %d: %s, on shard %d of iteration %d (attempt %d/%d): "
                     "redoing the shard on a fresh worker",
-                    slot, why, shard, iteration, attempt, attempts,
+                    slot, lost, shard, iteration, attempt, attempts,
                 )  # fmt: skip
                 self._replace(slot, worker)
+                continue
+            return _with_failed_tries(ShardResult.model_validate_json(answer), attempt, start)
         raise RuntimeError(
             f"shard {shard} of iteration {iteration} failed on {attempts} rollout workers "
-            f"(died or exceeded ray.collect_timeout_s={cfg.ray.collect_timeout_s}): see the "
-            "warnings above; raise ray.shard_attempts or the timeout"
+            f"(died, went silent or exceeded ray.collect_timeout_s={cfg.ray.collect_timeout_s}):"
+            " see the warnings above; raise ray.shard_attempts or the timeout"
         )
+
+    def _collect_on(
+        self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int, worker: Any
+    ) -> str:
+        """The worker's ShardResult JSON, or _WorkerLost saying why there is none."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        ref = worker.collect.remote(cfg.model_dump_json(), run.model_dump_json(), iteration, shard)
+        r = cfg.ray
+        try:
+            for _ in ready_in_turn(
+                [ref], [worker], r.collect_timeout_s, r.heartbeat_timeout_s, r.start_timeout_s
+            ):
+                pass
+            return ray.get(ref)
+        except (SilentActorError, CallTimeoutError, RayActorError) as exc:
+            why = {
+                SilentActorError: str(exc),
+                CallTimeoutError: f"exceeded ray.collect_timeout_s={r.collect_timeout_s:g}",
+            }.get(type(exc), "died")
+            raise _WorkerLost(why) from exc
 
     def sync(self, cfg: RunConfig, run: RunHandle, version: int, weights: Path, state) -> float:
         """Every worker holds policy `version` before it samples again; returns the wall
@@ -87,23 +127,30 @@ class RolloutPool:
         start = time.perf_counter()
         cfg_json, run_json = cfg.model_dump_json(), run.model_dump_json()
         path = str(weights)
-        refs = [w.sync.remote(cfg_json, run_json, version, path, state) for w in self.workers]
+        workers = list(self.workers)
+        refs = [w.sync.remote(cfg_json, run_json, version, path, state) for w in workers]
+        r = cfg.ray
         try:
-            ray.get(refs, timeout=cfg.ray.collect_timeout_s)
+            for _ in ready_in_turn(
+                refs, workers, r.collect_timeout_s, r.heartbeat_timeout_s, r.start_timeout_s
+            ):
+                pass
+            ray.get(refs)
         except Exception as exc:  # a dead worker is replaced; it loads lazily at collect
             log.warning("weight sync to a rollout worker failed (%s): it will load %s at its "
                         "next shard", exc, weights)  # fmt: skip
-            for slot, worker in enumerate(list(self.workers)):
-                self._replace_if_dead(slot, worker)
+            for slot, worker in enumerate(workers):
+                self._replace_if_dead(slot, worker, r.heartbeat_timeout_s)
         return time.perf_counter() - start
 
-    def _replace_if_dead(self, slot: int, worker: Any) -> None:
+    def _replace_if_dead(self, slot: int, worker: Any, timeout_s: float) -> None:
+        """Replace the worker if it is dead or answers no heartbeat within `timeout_s`."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         try:
-            ray.get(worker.pid.remote(), timeout=30)
-        except (RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(worker.heartbeat.options(concurrency_group=HEALTH).remote(), timeout=timeout_s)
+        except (RayActorError, GetTimeoutError):
             self._replace(slot, worker)
 
     def stop(self) -> None:

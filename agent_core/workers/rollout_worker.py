@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from agent_core.workers.liveness import identity
+
 
 class RolloutWorker:
     """One engine in its own process. Created through `ray.remote` by `RolloutPool`; its
@@ -23,6 +25,10 @@ class RolloutWorker:
     def pid(self) -> int:
         """The worker's process id (fault tests kill it)."""
         return os.getpid()
+
+    def heartbeat(self) -> str:
+        """Its pid and node; answered on a thread of its own while a shard runs."""
+        return identity()
 
     def collect(self, cfg_json: str, run_json: str, iteration: int, shard: int) -> str:
         """Run one shard exactly as the in-process path does; returns its ShardResult JSON."""

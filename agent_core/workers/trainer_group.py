@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
+from agent_core.workers.liveness import (
+    CallTimeoutError,
+    SilentActorError,
+    actor_class,
+    identity,
+    ready_in_turn,
+)
 from agent_core.workers.ray_cluster import actor_options, ensure_ray, wait_started
 from configs.run_config import RunConfig
+
+RERUN = "Rerun the run to resume from its last complete iteration."
 
 
 def _last_line(exc: BaseException) -> str:
@@ -35,6 +43,10 @@ class TrainerRank:
     def pid(self) -> int:
         """The rank's process id."""
         return os.getpid()
+
+    def heartbeat(self) -> str:
+        """Its pid and node; answered on a thread of its own while a call runs."""
+        return identity()
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it (rank 0 hosts the group's rendezvous)."""
@@ -80,13 +92,12 @@ class TrainerGroup:
     def __init__(
         self, cfg: RunConfig, weights: Path, temperature: float, seed: int, reference
     ) -> None:
-        import ray
         from transformers import AutoTokenizer
 
         ensure_ray(cfg)
         self.cfg = cfg
         t = cfg.trainer
-        remote = ray.remote(TrainerRank)
+        remote = actor_class(TrainerRank)
         options = actor_options(t.rank_cpus, t.rank_gpus, cfg.rollout.threads or 1)
         self.ranks = [remote.options(**options).remote(os.getcwd(), 1) for _ in range(t.ranks)]
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
@@ -113,36 +124,44 @@ class TrainerGroup:
     def _gather(self, refs: list, what: str, timeout: float | None = None) -> Any:
         """Rank 0's result of one call on every rank, once every rank has finished (only rank
         0's is fetched: the others' copies of the weights stay where they are). A rank that
-        died, raised, or has not answered within `timeout` (default `ray.update_timeout_s`)
-        fails the call naming it; the group is then stopped (its other ranks may be blocked
-        in a collective)."""
+        died, raised, stopped answering heartbeats (`ray.heartbeat_timeout_s`) or has not
+        finished within `timeout` (default `ray.update_timeout_s`) fails the call naming it;
+        the group is then stopped (its other ranks may be blocked in a collective)."""
         import ray
 
-        timeout = self.cfg.ray.update_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except Exception as exc:
-                    rank = refs.index(ref)
-                    self.stop()
-                    raise RuntimeError(
-                        f"trainer rank {rank} of {len(refs)} failed during {what}: "
-                        f"{_last_line(exc)}; all ranks were "
-                        "stopped. Rerun the run to resume from its last complete iteration."
-                    ) from exc
-            if pending and time.monotonic() >= deadline:
-                silent = sorted(refs.index(ref) for ref in pending)
-                self.stop()
-                raise TimeoutError(
-                    f"trainer rank(s) {silent} of {len(refs)} did not finish {what} within "
-                    f"{timeout:g} s (ray.update_timeout_s / ray.start_timeout_s): all ranks "
-                    "were stopped. Rerun the run to resume from its last complete iteration."
-                )
+        try:
+            self._wait(refs, what, self.cfg.ray.update_timeout_s if timeout is None else timeout)
+        except BaseException:
+            self.stop()
+            raise
         return ray.get(refs[0])
+
+    def _wait(self, refs: list, what: str, timeout: float) -> None:
+        """Every rank's call has finished; else an error naming the rank that failed first."""
+        import ray
+
+        n, beat = len(self.ranks), self.cfg.ray.heartbeat_timeout_s
+        try:
+            # the ranks are up (wait_started): their first heartbeat is due at once
+            for rank in ready_in_turn(refs, self.ranks[: len(refs)], timeout, beat, beat):
+                try:
+                    ray.get(refs[rank])
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"trainer rank {rank} of {n} failed during {what}: {_last_line(exc)}; "
+                        f"all ranks were stopped. {RERUN}"
+                    ) from exc
+        except SilentActorError as exc:
+            raise TimeoutError(
+                f"trainer rank {exc.index} of {n} stalled during {what}: {exc}; all ranks were "
+                f"stopped. {RERUN}"
+            ) from exc
+        except CallTimeoutError as exc:
+            raise TimeoutError(
+                f"trainer rank(s) {exc.pending} of {n} did not finish {what} within "
+                f"{timeout:g} s (ray.update_timeout_s / ray.start_timeout_s): all ranks "
+                f"were stopped. {RERUN}"
+            ) from exc
 
     def _all(self, method: str, *args: Any) -> Any:
         import ray

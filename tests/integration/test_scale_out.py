@@ -1,13 +1,17 @@
 """Beyond one process on the tiny model: rollout workers (Ray actors) give the same step rows
 as the in-process path, weights reach them after each update, a worker SIGKILLed mid-collect
 has its shard redone, a multi-rank DeepSpeed update (ZeRO-2, ZeRO-3) gives the weights of one
-rank, and a rank killed mid-update fails the update by name and the rerun resumes."""
+rank, a rank killed mid-update fails the update by name and the rerun resumes, and a stopped
+(SIGSTOP) worker or rank is found by its missed heartbeats within seconds."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +23,11 @@ from agent_core.config import load_config
 from agent_core.faults import ENV_VAR, MODE_VAR, ONCE_VAR
 from agent_core.replay import read_partition
 from agent_core.trainer.batching import TrainRow
+from agent_core.workers.rollout_pool import RolloutPool
 from flows.train import train
 
 pytestmark = pytest.mark.slow
+BEAT = 10  # ray.heartbeat_timeout_s of the stall tests: a stopped actor is found within ~2x
 
 # What must be identical between two runs of the same shards: tokens, log-probs and credit.
 ROW_COLUMNS = ["trajectory_id", "step_index", "prompt_ids", "response_ids",
@@ -135,19 +141,44 @@ def test_killed_worker_shard_is_redone(in_process, tiny_model_dir, root, monkeyp
         assert got[column] == expected[column], f"column {column} differs"
 
 
-def test_hung_worker_is_replaced(in_process, tiny_model_dir, root, monkeypatch) -> None:
-    """A worker stops answering mid-collect: after ray.collect_timeout_s it is killed, its
-    shard is redone on a fresh worker, and the rows are those of a run nobody hung."""
-    marker = root / "worker-hung"
+def test_stopped_worker_is_found_in_seconds(
+    in_process, tiny_model_dir, root, monkeypatch, caplog
+) -> None:
+    """A worker SIGSTOPs itself mid-collect (alive to Ray, answering nothing): its missed
+    heartbeats give it away within seconds, not at ray.collect_timeout_s; it alone is named
+    and replaced, its shard is redone with the rows of a run nobody stopped, and the time the
+    recovery took shows in the iteration's metrics."""
+    marker = root / "worker-stopped"
     monkeypatch.setenv(ENV_VAR, "collect:1")
     monkeypatch.setenv(ONCE_VAR, str(marker))
-    monkeypatch.setenv(MODE_VAR, "hang")
+    monkeypatch.setenv(MODE_VAR, "stop")
+    replaced: list[tuple[int, float]] = []
+    replace = RolloutPool._replace
+
+    def recorded(pool, slot, dead):
+        replaced.append((slot, time.time()))
+        replace(pool, slot, dead)
+
+    monkeypatch.setattr(RolloutPool, "_replace", recorded)
     config = run_config(
-        tiny_model_dir, root, "worker-hung", "rollout.workers=2", "ray.collect_timeout_s=90"
-    )
-    summary = train(config)
-    assert marker.exists(), "no worker reached the hang point"
+        tiny_model_dir, root, "worker-stopped", "rollout.workers=2",
+        f"ray.heartbeat_timeout_s={BEAT}",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="agent_core.workers.rollout_pool"):
+        summary = train(config)
+    assert len(replaced) == 1, replaced
+    slot, found_at = replaced[0]
+    found_after = found_at - marker.stat().st_mtime
+    assert 0 < found_after < 3 * BEAT, f"found {found_after:.1f} s after it stopped"
+    named = [r.getMessage() for r in caplog.records if "answered no heartbeat" in r.getMessage()]
+    assert len(named) == 1 and named[0].startswith(f"rollout worker {slot}: pid "), named
+    stopped_pid = int(re.search(r"pid (\d+)", named[0]).group(1))
+    records = Path(summary.run_dir).glob("iter_0001/rollouts/shard_*.json")
+    assert stopped_pid not in [json.loads(r.read_text())["pid"] for r in records]
     assert rows(summary.run_dir, 1) == rows(in_process.run_dir, 1)
+    metrics = summary.last_metrics
+    assert metrics["rollout/shard_retries"] == 1.0
+    assert metrics["timing_s/collect"] >= metrics["timing_s/collect_redone"] >= found_after
 
 
 def fixed_rows(count: int = 14) -> list[TrainRow]:
@@ -221,19 +252,25 @@ def test_killed_rank_fails_by_name_and_rerun_resumes(
     assert max_diff(weights(summary.run_dir, 1), weights(in_process.run_dir, 1)) < 1e-6
 
 
-def test_hung_rank_times_out_naming_it(tiny_model_dir, root, monkeypatch) -> None:
-    """Rank 1 stops answering mid-update: the call fails after ray.update_timeout_s naming
-    rank 1 (rank 0, blocked in the next collective, is stopped with it)."""
+def test_stopped_rank_is_found_in_seconds_naming_it(tiny_model_dir, root, monkeypatch) -> None:
+    """Rank 1 SIGSTOPs itself after its first optimizer step (alive to Ray, answering
+    nothing) while rank 0 waits for it in the next collective: the update fails within
+    seconds, not at ray.update_timeout_s, naming rank 1 alone (rank 0 still answers its
+    heartbeats), and every rank is stopped."""
+    marker = root / "rank-stopped"
     monkeypatch.setenv(ENV_VAR, "update_rank1:1")
-    monkeypatch.setenv(ONCE_VAR, str(root / "rank-hung"))
-    monkeypatch.setenv(MODE_VAR, "hang")
+    monkeypatch.setenv(ONCE_VAR, str(marker))
+    monkeypatch.setenv(MODE_VAR, "stop")
     with pytest.raises(
-        TimeoutError, match=r"trainer rank\(s\) \[(0, )?1\] of 2 did not finish update"
-    ):
+        TimeoutError, match=r"trainer rank 1 of 2 stalled during update: pid "
+    ) as err:
         one_update(
-            tiny_model_dir, root / "hung", "trainer.ranks=2", "trainer.zero_stage=2",
-            "ray.update_timeout_s=60",
+            tiny_model_dir, root / "stopped", "trainer.ranks=2", "trainer.zero_stage=2",
+            "ray.update_timeout_s=900", f"ray.heartbeat_timeout_s={BEAT}",
         )  # fmt: skip
+    found_after = time.time() - marker.stat().st_mtime
+    assert found_after < 3 * BEAT, f"found {found_after:.1f} s after it stopped"
+    assert "rank 0" not in str(err.value) and "[0" not in str(err.value)
 
 
 def test_two_ranks_train_lora_like_one(tiny_model_dir, root) -> None:
