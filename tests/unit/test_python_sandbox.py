@@ -195,6 +195,18 @@ def test_network_is_blocked(tool: PythonTool) -> None:
             server.accept()
 
 
+def test_sockets_inside_the_call_and_asyncio_still_work(tool: PythonTool) -> None:
+    """The filter refuses what reaches outside or hides memory, not a socket pair or asyncio."""
+    code = (
+        "import asyncio, socket\nleft, right = socket.socketpair()\nleft.send(b'hi')\n"
+        "print(right.recv(2).decode(), asyncio.run(asyncio.sleep(0, 'ok')))"
+    )
+    result = tool.run({"code": code})
+    assert result.text.split() == ["hi", "ok"], result.text
+    hidden = tool.run({"code": "import os\nos.memfd_create('x')"})
+    assert hidden.error and "PermissionError" in hidden.text
+
+
 def test_project_and_host_files_are_invisible(tool: PythonTool) -> None:
     assert REPO_FILE.is_file()
     result = tool.run({"code": READ_PROJECT})
