@@ -1,0 +1,126 @@
+"""A run of a served deployment, created through the Prefect API as the UI form would, names
+command-running standard-library functions in every role and a task file outside the data
+roots: it is refused before anything is called, naming each field and how to allow it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from agent_core.config import load_config
+
+pytestmark = pytest.mark.slow
+
+READY_S, RUN_S = 240, 300
+# in-process training tests leave torch.distributed's rendezvous in os.environ
+DIST_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def _attack(marker: str, outside: str) -> dict:
+    """The smoke config with a command that would create `marker` in every named role."""
+    config = load_config("smoke").model_dump(mode="json")
+    touch = f"touch {marker}"
+    config["env"] |= {
+        "name": "os:system",
+        "agent": "os:system",
+        "tools": ["os:system"],
+        "context": {
+            "name": "summarize",
+            "summarizer": {"name": "subprocess:run", "args": touch, "shell": True},
+        },
+        "tasks": {
+            "path": outside,
+            "prompt": "question",
+            "answer": "answer",
+            "train": {"rows": [0, 4]},
+            "held_out": {"rows": [4, 8]},
+        },
+    }
+    config["reward"]["terms"] = [{"name": "os:system", "weight": 1.0}]
+    config["algorithm"]["estimator"] = "subprocess:run"
+    return config
+
+
+def _deployment_id(api: str, runner: subprocess.Popen, log) -> str:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        assert runner.poll() is None, log.read_text(errors="replace")[-3000:]
+        found = httpx.get(f"{api}/deployments/name/train/smoke", timeout=30)
+        if found.status_code == 200:
+            return found.json()["id"]
+        time.sleep(2)
+    raise AssertionError("the served deployment never appeared\n" + log.read_text()[-3000:])
+
+
+def _create_run(served, url: str, parameters: dict) -> dict:
+    """POST the run as the UI does; a 503 (the busy server's retryable error, e.g. its
+    database locked) is retried, as Prefect's own client does."""
+    for _ in range(10):
+        created = httpx.post(
+            url, json={"parameters": parameters}, headers=served.csrf_headers(), timeout=30
+        )
+        if created.status_code != 503:
+            break
+        time.sleep(3)
+    assert created.status_code == 201, created.text
+    return created.json()
+
+
+def _final_state(api: str, run_id: str) -> dict:
+    deadline = time.monotonic() + RUN_S
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
+        if state["type"] in {"FAILED", "CRASHED", "COMPLETED", "CANCELLED"}:
+            return state
+        time.sleep(2)
+    raise AssertionError(f"flow run {run_id} did not finish in {RUN_S}s")
+
+
+def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
+    """`steprl serve --allow-module os`: `os:system` reaches the type check (not marked for
+    any role), `subprocess:*` is refused before import, the task file before it is opened."""
+    marker, outside = served.root / "marker", served.root / "elsewhere" / "qa.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {
+        "PREFECT_API_URL": f"{served.services.prefect_url}/api",
+        "MLFLOW_TRACKING_URI": served.services.mlflow_url,
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = served.root / ".steprl" / "names-runner.log"
+    serve = [sys.executable, "-m", "flows.cli", "serve", "--preset", "smoke", "--no-servers"]
+    with log.open("ab") as out:
+        runner = subprocess.Popen(
+            [*serve, "--allow-module", "os"], cwd=served.root, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    api = f"{served.services.prefect_url}/api"
+    try:
+        deployment = _deployment_id(api, runner, log)
+        parameters = {"config": _attack(str(marker), str(outside))}
+        created = _create_run(served, f"{api}/deployments/{deployment}/create_flow_run", parameters)
+        state = _final_state(api, created["id"])
+    finally:
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(runner.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                runner.wait(timeout=grace)
+                break
+    message = state["message"] or ""
+    assert state["type"] == "FAILED", state
+    assert "Deployment runs may import: os" in log.read_text(errors="replace")
+    for field in ("env.name", "env.agent", "env.tools.0", "reward.terms.0.name"):
+        assert f"{field}: " in message and "'os:system'" in message, (field, message)
+    assert "which is not a AgentEnv subclass" in message, message
+    for field in ("env.context: summarizer", "algorithm.estimator: estimator"):
+        assert f"{field} 'subprocess:run': module 'subprocess' is not allowed" in message
+    assert "`--allow-module subprocess`" in message
+    assert "env.tasks: path" in message and "`--data-root" in message, message
+    assert not marker.exists()
