@@ -1,12 +1,15 @@
 """Joining or starting Ray, and what every actor process needs from the flow's process:
-its working folder, import path and the environment variables steprl reads."""
+its working folder, import path and the environment variables steprl reads. A Ray started
+here is for this machine alone: its servers listen on loopback, its token file is private."""
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from configs.run_config import RunConfig
@@ -33,7 +36,37 @@ def ensure_ray(cfg: RunConfig) -> None:
             kwargs["address"] = cfg.ray.address
         else:
             kwargs["num_cpus"] = cfg.ray.num_cpus or local_cpus(cfg)
+            _loopback_only()
+        _private_token_file(create=not cfg.ray.address)
         _init_on_keeper_thread(kwargs)
+
+
+def _loopback_only() -> None:
+    """Make the Ray started next take 127.0.0.1 as its node's address: its GCS, raylet,
+    workers, agents and metrics endpoint then listen on loopback only (by default each
+    listened on every interface). Ray's switch for this is named after the platforms where it
+    is the default and is read when Ray is imported, so the flag is set as well as the
+    variable (which the processes Ray starts inherit)."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _private_token_file(create: bool) -> None:
+    """Ray turns token authentication on for a cluster it starts and keeps the token in
+    ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH), written with the default umask: readable by
+    every user of the machine, who could then join the cluster and run code as this one.
+    Make an existing file 0600, and (`create`) write a missing one 0600 before Ray would."""
+    if os.environ.get("RAY_AUTH_TOKEN"):  # the token is in the environment: no file is read
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if path.is_file():
+        path.chmod(0o600)
+    elif create:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            out.write(secrets.token_hex(32))  # what Ray itself generates: 256 random bits
 
 
 def _init_on_keeper_thread(kwargs: dict[str, Any]) -> None:
