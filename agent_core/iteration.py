@@ -49,7 +49,7 @@ from agent_core.rollout.agent_loop import AgentFunctionLoop, agent_function_loop
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 from agent_core.rollout.shard import shard_count, shard_tasks
-from agent_core.serving.episodes import role_metrics
+from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.task_file import sample_train_tasks
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict, saved_layout
@@ -99,6 +99,15 @@ class ShardResult(BaseModel):
     )
     failed_seconds: float = Field(
         0.0, description="Seconds of the failed tries (until each was found out), in `seconds`."
+    )
+    episode_ends: dict[str, int] = Field(
+        default_factory=dict,
+        description="Agent functions: episodes per way they ended (agent, answer, agent_error, "
+        "timeout, refused).",
+    )
+    lost_episodes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Agent functions: episodes that left no row (no answered call), and why.",
     )
 
 
@@ -376,6 +385,8 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
         generate_seconds=stats.generate_seconds,
         seconds=time.perf_counter() - start,
         pid=os.getpid(),
+        episode_ends=stats.episode_ends,
+        lost_episodes=stats.lost_episodes,
     )
     meta_file.write_text(result.model_dump_json())
     return result
@@ -488,8 +499,10 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
     out, meta_file = folder / "scored.arrow", folder / "scored.json"
     if _already_done(run, iteration, out, meta_file):
         return ScoreResult.model_validate_json(meta_file.read_text())
+    ends = [(s.episodes, s.episode_ends, s.lost_episodes) for s in shards]
+    check_failed_share(ends, cfg.env.agent_max_failed_share, iteration)  # before any training
     steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
-    metrics = score_in_place(cfg, run, iteration, steps)
+    metrics = score_in_place(cfg, run, iteration, steps) | episode_metrics(ends)
     crash_point("score", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ScoreResult(

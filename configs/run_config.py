@@ -171,6 +171,14 @@ class EnvSection(Section):
     agent_timeout_s: float = Field(
         120.0, gt=0, description="An agent episode running longer ends with reward 0."
     )
+    agent_max_failed_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="An iteration in which a larger share of the agent function's episodes "
+        "failed (raised, timed out, had calls refused, or had no call answered) fails loudly "
+        "instead of training on the rest; 1.0 = never.",
+    )
     train_seed_start: int = Field(
         0, ge=0, description="First seed of the training task range [start, start + size)."
     )

@@ -21,7 +21,7 @@ from agent_core.records import Step, Task
 from agent_core.registry import resolve
 from agent_core.rollout.engine import RolloutEngine
 from agent_core.rollout.loop import RolloutMeta, RolloutStats
-from agent_core.serving.episodes import EpisodeLog
+from agent_core.serving.episodes import FAILED_ENDS, EpisodeLog
 from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings
 
@@ -73,8 +73,14 @@ class AgentFunctionLoop:
         progress.finish("rollout")
         steps: list[Step] = []
         for ep, (reward, success, info) in zip(episodes, outcomes, strict=True):
-            stats.env_errors += "agent_error" in info
-            steps += ep.steps(meta, reward, success, info)
+            end = info["end"]
+            stats.episode_ends[end] = stats.episode_ends.get(end, 0) + 1
+            stats.env_errors += end in FAILED_ENDS
+            rows = ep.steps(meta, reward, success, info)
+            if not rows:  # nothing to train on: the reason is recorded instead
+                why = info.get("agent_error") or info.get("refused") or "no call was answered"
+                stats.lost_episodes[ep.trajectory_id] = f"{end}: {why}"[:500]
+            steps += rows
         stats.steps, stats.generate_calls = len(steps), self.service.batcher.calls - calls_before
         stats.prompt_tokens = sum(len(s.prompt_ids) for s in steps)
         stats.generated_tokens = sum(len(s.response_ids) for s in steps)
@@ -95,15 +101,17 @@ class AgentFunctionLoop:
             else:
                 call = _in_daemon_thread(self.agent, ep.task, client)
             result = await asyncio.wait_for(call, self.timeout_s)
-            return self._score(ep, result)
+            outcome = self._score(ep, result)
         except TimeoutError:
-            return 0.0, False, {"agent_error": f"timed out after {self.timeout_s} s"}
+            error = f"timed out after {self.timeout_s} s"
+            outcome = 0.0, False, {"end": "timeout", "agent_error": error}
         except Exception as exc:  # the agent's bug ends its episode, never the iteration
             log.warning("agent failed on task %s: %r", ep.task.task_id, exc)
-            return 0.0, False, {"agent_error": repr(exc)[:2000]}
+            outcome = 0.0, False, {"end": "agent_error", "agent_error": repr(exc)[:2000]}
         finally:
             ep.close()
             progress.advance("rollout")
+        return _with_refusals(ep, outcome)
 
     def _score(self, ep: EpisodeLog, result: Any) -> tuple[float, bool, dict[str, Any]]:
         """A number is the reward; a string is the final answer, scored by the env's check."""
@@ -132,6 +140,20 @@ def agent_function_loop(
     return AgentFunctionLoop(
         engine, tokenizer, env.agent, make_env, settings, env.agent_timeout_s, env.max_steps
     )
+
+
+def _with_refusals(
+    ep: EpisodeLog, outcome: tuple[float, bool, dict[str, Any]]
+) -> tuple[float, bool, dict[str, Any]]:
+    """An episode that had calls refused (bad input, past env.max_steps calls, after its end)
+    did not play by the env's rules: whatever the agent made of the 4xx, it is no success."""
+    reward, success, info = outcome
+    if not ep.refusals:
+        return outcome
+    info = {**info, "refused_calls": len(ep.refusals), "refused": ep.refusals[0]}
+    if info["end"] in FAILED_ENDS:
+        return reward, success, info
+    return 0.0, False, {**info, "end": "refused"}
 
 
 def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:

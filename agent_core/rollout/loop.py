@@ -45,6 +45,9 @@ class RolloutStats:
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     env_errors: int = 0
+    # agent functions: episodes per way they ended, and those that left no row (id -> why)
+    episode_ends: dict[str, int] = field(default_factory=dict)
+    lost_episodes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

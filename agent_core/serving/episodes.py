@@ -14,6 +14,9 @@ from agent_core.records import Step, Task
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.serving.chat import PromptMode, Turn
 
+# how an agent-function episode can end badly (info["end"]); the others: "agent", "answer"
+FAILED_ENDS = ("agent_error", "timeout", "refused")
+
 
 @dataclass
 class Call:
@@ -37,6 +40,7 @@ class EpisodeLog:
     max_calls: int
     calls: list[Call] = field(default_factory=list)
     closed: bool = False
+    refusals: list[str] = field(default_factory=list)  # why calls were refused (4xx)
     end_ns: int = 0  # wall-clock ns: the agent function returned (or failed)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -44,10 +48,17 @@ class EpisodeLog:
         return next((c.turn for c in reversed(self.calls) if c.model == model), None)
 
     def check_open(self) -> None:
-        if self.closed:
-            raise PermissionError(f"episode {self.trajectory_id} has ended; calls are refused")
+        why = ""
         if len(self.calls) >= self.max_calls:
-            raise PermissionError(f"episode {self.trajectory_id} used its {self.max_calls} calls")
+            why = f"episode {self.trajectory_id} used its {self.max_calls} calls"
+        if self.closed:
+            why = f"episode {self.trajectory_id} has ended; calls are refused"
+        if why:
+            self.refuse(why)
+            raise PermissionError(why)
+
+    def refuse(self, why: str) -> None:
+        self.refusals.append(why[:500])
 
     def record(
         self, turn: Turn, logprobs: list[float], mode: PromptMode, model: str, start_ns: int
@@ -96,7 +107,7 @@ class EpisodeLog:
                 response_logprobs=list(call.logprobs), response_text=turn.response_text,
                 feedback_text=feedback, reward=reward if last else 0.0,
                 env_reward=reward if last else 0.0, done=last,
-                truncated=last and "agent_error" in info, success=last and success,
+                truncated=last and info.get("end") in FAILED_ENDS, success=last and success,
                 info=step_info,
             ))  # fmt: skip
         return steps
@@ -111,6 +122,42 @@ class EpisodeLog:
             "generate_start_ns": call.start_ns, "generate_end_ns": call.end_ns,
             "env_start_ns": call.end_ns, "env_end_ns": env_end,
         }  # fmt: skip
+
+
+def episode_metrics(shards: list[tuple[int, dict[str, int], dict[str, str]]]) -> dict[str, float]:
+    """`rollout/episodes_<end>` per way agent-function episodes ended and
+    `rollout/episodes_lost` (no row) over shards' (episodes, ends, lost); {} for env loops."""
+    metrics: dict[str, float] = {}
+    for _, ends, _ in shards:
+        for end, count in ends.items():
+            metrics[f"rollout/episodes_{end}"] = metrics.get(f"rollout/episodes_{end}", 0) + count
+    if metrics:
+        metrics["rollout/episodes_lost"] = float(sum(len(lost) for _, _, lost in shards))
+    return metrics
+
+
+def check_failed_share(
+    shards: list[tuple[int, dict[str, int], dict[str, str]]], max_share: float, iteration: int
+) -> None:
+    """Raise when more than `max_share` of the agent-function episodes failed (a failed end, or
+    no row): what is left would train on a biased few."""
+    episodes = sum(n for n, _, _ in shards)
+    failed = sum(n for _, ends, _ in shards for end, n in ends.items() if end in FAILED_ENDS)
+    lost = {k: v for _, _, shard_lost in shards for k, v in shard_lost.items()}
+    # an episode without a row that did end well (it made no call) counts as failed too
+    failed += sum(1 for why in lost.values() if not why.startswith(FAILED_ENDS))
+    if episodes and failed / episodes > max_share:
+        ends: dict[str, int] = {}
+        for _, shard_ends, _ in shards:
+            for end, n in shard_ends.items():
+                ends[end] = ends.get(end, 0) + n
+        examples = "; ".join(f"{k}: {v}" for k, v in list(lost.items())[:3])
+        raise RuntimeError(
+            f"iteration {iteration}: {failed} of {episodes} agent episodes failed (ends: "
+            f"{ends}, {len(lost)} without a row{', e.g. ' + examples if examples else ''}), "
+            f"more than env.agent_max_failed_share={max_share}; fix the agent (or raise the "
+            "share) and rerun"
+        )
 
 
 def role_of(model: str) -> str | None:

@@ -74,6 +74,8 @@ def build_app(
         except PermissionError as exc:
             raise HTTPException(409, str(exc)) from None
         except ValueError as exc:
+            if sink is not None:
+                sink.refuse(str(exc))
             raise HTTPException(400, str(exc)) from None
         except EngineError as exc:  # answered, so the connection stays open for the next call
             raise HTTPException(500, str(exc)) from None

@@ -113,6 +113,10 @@ class CallSink(Protocol):
         """Keep one answered call (`start_ns`: when it arrived, wall-clock ns)."""
         ...
 
+    def refuse(self, why: str) -> None:
+        """Note a call refused for bad input (the episode's record tells it)."""
+        ...
+
 
 class PolicyService:
     """The engine behind OpenAI-shaped requests."""

@@ -79,6 +79,22 @@ def big_message_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+@plugin("agent")
+def refusal_catching_agent(task: Task, client: openai.OpenAI) -> float:
+    """Episode 0 calls until refused (409 past env.max_steps), 1 sends only a malformed call
+    (400); both catch the refusal and claim success."""
+    index = refusal_catching_agent.counter = getattr(refusal_catching_agent, "counter", -1) + 1
+    messages = [{"role": "user", "content": task.prompt}]
+    if index == 1:
+        messages.append({"role": "assistant", "tool_calls": "abc"})
+    try:
+        for _ in range(10):
+            client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    except openai.APIStatusError:
+        pass
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -161,6 +177,18 @@ def test_one_episodes_huge_message_fails_only_that_episode(tiny_model_dir, engin
     assert [s.info.get("agent_error") is None for s in steps] == [True] * 2
     assert stats.env_errors == 2 and stats.episodes == 4
     assert max(len(p) for prompts, _, _ in spy.calls for p in prompts) <= 1024
+
+
+def test_refused_calls_are_no_success_and_lost_episodes_are_told(tiny_model_dir, engine) -> None:
+    cfg = agent_config(tiny_model_dir, "refusal_catching_agent", "env.max_steps=2")
+    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=2, tasks=1)
+    assert len(steps) == 2  # episode 0's two answered calls; episode 1 had none
+    last = steps[-1].info
+    assert last["end"] == "refused" and last["refused_calls"] == 1 and "2 calls" in last["refused"]
+    assert not steps[-1].success and steps[-1].reward == 0.0 and steps[-1].truncated
+    assert stats.episode_ends == {"refused": 2} and stats.env_errors == 2
+    [why] = stats.lost_episodes.values()
+    assert why.startswith("refused: ") and "tool_calls must be a list" in why
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
