@@ -211,11 +211,31 @@ def _restrict_files(cfg: dict[str, Any]) -> None:
 
 
 def _install_syscall_filter(unix_sockets: bool) -> None:
-    """Seccomp, with no_new_privs: only the native syscall ABI, no network sockets, no io_uring,
-    and none of the ways to hold memory or leave state that the host's walk of the call's files
-    and mappings would miss (memfd, SysV and POSIX IPC, kernel keys). Without `unix_sockets`
-    (the host's named sockets are in reach) only connected stream pairs (asyncio's) remain."""
+    """Seccomp (see `_syscall_filter`), after no_new_privs."""
     import ctypes
+
+    code = _syscall_filter(unix_sockets)
+    buffer = ctypes.create_string_buffer(code, len(code))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+    fprog = SockFprog(len(code) // 8, ctypes.addressof(buffer))  # 8 bytes per instruction
+    libc = ctypes.CDLL(None, use_errno=True)
+    zero = ctypes.c_ulong(0)
+    # PR_SET_NO_NEW_PRIVS (38): setuid binaries in /usr/bin cannot hand root back to the code.
+    if libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    # PR_SET_SECCOMP (22), SECCOMP_MODE_FILTER (2)
+    if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def _syscall_filter(unix_sockets: bool) -> bytes:
+    """The BPF program: only the native syscall ABI, no network sockets, no io_uring, and none
+    of the ways to hold memory or leave state that the host's walk of the call's files and
+    mappings would miss (memfd, SysV and POSIX IPC, kernel keys). Without `unix_sockets` (the
+    host's named sockets are in reach) only connected stream pairs (asyncio's) remain."""
     import os
     import struct
 
@@ -257,33 +277,18 @@ def _install_syscall_filter(unix_sockets: bool) -> None:
     def jump(at: int, target: int | str) -> int:  # BPF jumps are relative and forward only
         return target if isinstance(target, int) else labels[target] - at - 1
 
-    code = b"".join(
+    return b"".join(
         struct.pack("HBBI", op, jump(at, jt), jump(at, jf), k)
         for at, (op, jt, jf, k) in enumerate(program)
     )
-    buffer = ctypes.create_string_buffer(code, len(code))
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
-
-    fprog = SockFprog(len(program), ctypes.addressof(buffer))
-    libc = ctypes.CDLL(None, use_errno=True)
-    zero = ctypes.c_ulong(0)
-    # PR_SET_NO_NEW_PRIVS (38): setuid binaries in /usr/bin cannot hand root back to the code.
-    if libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    # PR_SET_SECCOMP (22), SECCOMP_MODE_FILTER (2)
-    if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 @cache
 def launcher_source() -> str:
     """The source a fresh `python -I -c` runs: these functions and a call of `_launch`."""
     functions = (_launch, _end_descendants, _enter_new_root, _exec_program, _drop_capabilities)
-    body = "\n\n".join(
-        inspect.getsource(f) for f in (*functions, _restrict_files, _install_syscall_filter)
-    )
+    filters = (_restrict_files, _install_syscall_filter, _syscall_filter)
+    body = "\n\n".join(inspect.getsource(f) for f in (*functions, *filters))
     return f"from __future__ import annotations\n\n{body}\n\nimport json, sys\n" + (
         "_launch(json.loads(sys.argv[1]))\n"
     )
