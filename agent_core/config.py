@@ -372,11 +372,10 @@ def _episode_bytes(config: RunConfig, episodes: int) -> int:
     return episodes * (EPISODE_BYTES + config.env.max_steps * step_tokens * TOKEN_BYTES)
 
 
-def _size_problems(config: RunConfig, memory: int | None = None) -> list[tuple[str, str]]:
-    """(field, message) for an iteration's rollouts or the evaluation whose episodes cannot
-    fit in this machine's memory (`memory` bytes), with the estimate."""
-    memory = memory if memory is not None else _machine_memory()
-    r, e = config.rollout, config.eval
+def _episode_batches(config: RunConfig) -> list[tuple[str, int, str]]:
+    """(field, episodes, where the count comes from) of each batch of episodes built at once:
+    an iteration's rollouts, the evaluation, the solver warm-up."""
+    r, e, w = config.rollout, config.eval, config.warmup
     batches = [
         (
             "rollout.group_size",
@@ -389,20 +388,44 @@ def _size_problems(config: RunConfig, memory: int | None = None) -> list[tuple[s
             f"eval.episodes={e.episodes} x samples_per_task={e.samples_per_task}",
         ),
     ]
+    if w.enabled and w.source == "solver":
+        batches.append(("warmup.tasks", w.tasks, f"warmup.tasks={w.tasks}"))
+    return batches
+
+
+def _tiny_model_bytes(config: RunConfig) -> int:
+    """What training the 'tiny-random' Llama takes: its parameters (9 h^2 per layer with
+    intermediate 2h and half-size k/v heads, ~260 x h of tied byte embeddings) x 16 bytes
+    (fp32 weights, gradients, Adam's two moments)."""
+    h = config.model.tiny_hidden_size
+    return (config.model.tiny_layers * 9 * h * h + 260 * h) * 16
+
+
+def _size_problems(config: RunConfig, memory: int | None = None) -> list[tuple[str, str]]:
+    """(field, message) for each batch of episodes, and a generated model, that cannot fit
+    in this machine's memory (`memory` bytes), with the estimate."""
+    memory = memory if memory is not None else _machine_memory()
+    r, have = config.rollout, f"more than this machine's {memory / 2**30:,.1f} GiB"
     problems = []
-    for field, episodes, why in batches:
+    for field, episodes, why in _episode_batches(config):
         need = _episode_bytes(config, episodes)
         if need > memory:
-            problems.append(
-                (
-                    field,
-                    f"{why} = {episodes:,} episodes of up to env.max_steps={config.env.max_steps}"
-                    f" steps x (rollout.max_prompt_tokens + max_new_tokens = "
-                    f"{r.max_prompt_tokens + r.max_new_tokens:,} tokens) need about "
-                    f"{need / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} "
-                    "GiB: lower them (or split the work over more iterations)",
-                )
+            message = (
+                f"{why} = {episodes:,} episodes of up to env.max_steps={config.env.max_steps} "
+                f"steps x (rollout.max_prompt_tokens + max_new_tokens = "
+                f"{r.max_prompt_tokens + r.max_new_tokens:,} tokens) need about "
+                f"{need / 2**30:,.1f} GiB, {have}: lower them (or split the work over more "
+                "iterations)"
             )
+            problems.append((field, message))
+    need = _tiny_model_bytes(config)
+    if config.model.source == "tiny-random" and need > memory:
+        m = config.model
+        message = (
+            f"a 'tiny-random' model of tiny_hidden_size={m.tiny_hidden_size} x tiny_layers="
+            f"{m.tiny_layers} needs about {need / 2**30:,.1f} GiB to train, {have}: lower them"
+        )
+        problems.append(("model.tiny_hidden_size", message))
     return problems
 
 

@@ -198,15 +198,21 @@ def test_a_deployment_run_reads_task_files_only_under_its_data_roots(tmp_path: P
             check_config(_unchecked(_task_file_overrides(leaving)), roots)
 
 
-def test_group_sizes_that_cannot_fit_are_refused_with_an_estimate() -> None:
+def test_sizes_that_cannot_fit_are_refused_with_an_estimate() -> None:
     with pytest.raises(ConfigError, match=r"rollout\.group_size: .*1,000,000,000 .* GiB"):
         load_config("smoke", ["rollout.group_size=500000000"])
     with pytest.raises(ConfigError, match=r"eval\.samples_per_task: .*GiB"):
         load_config("smoke", ["eval.samples_per_task=1000000000"])
+    with pytest.raises(
+        ConfigError, match=r"warmup\.tasks: warmup\.tasks=100000000000 = 100,000,000,000 episodes"
+    ):
+        load_config("smoke", ["warmup.enabled=true", "warmup.tasks=100000000000"])
+    with pytest.raises(ConfigError, match=r"model\.tiny_hidden_size: .*GiB to train"):
+        load_config("smoke", ["model.tiny_hidden_size=1000000"])
     config = load_config("smoke")
     assert _size_problems(config) == []
     fields = [field for field, _ in _size_problems(config, memory=1)]
-    assert fields == ["rollout.group_size", "eval.samples_per_task"]
+    assert fields == ["rollout.group_size", "eval.samples_per_task", "model.tiny_hidden_size"]
 
 
 @pytest.mark.parametrize(
