@@ -92,15 +92,9 @@ class AgentFunctionLoop:
 
     async def _episode(self, url: str, ep: EpisodeLog) -> tuple[float, bool, dict[str, Any]]:
         """(reward, success, info) of one episode; any failure of the agent is its own."""
-        is_async = inspect.iscoroutinefunction(self.agent)
-        kind = openai.AsyncOpenAI if is_async else openai.OpenAI
-        client = kind(base_url=url, api_key="steprl", timeout=self.timeout_s, max_retries=0)
         try:
-            if is_async:
-                call = self.agent(ep.task, client)
-            else:
-                call = _in_daemon_thread(self.agent, ep.task, client)
-            result = await asyncio.wait_for(call, self.timeout_s)
+            play = _in_daemon_thread(self._play, url, ep.task)
+            result = await asyncio.wait_for(play, self.timeout_s)
             outcome = self._score(ep, result)
         except TimeoutError:
             error = f"timed out after {self.timeout_s} s"
@@ -112,6 +106,21 @@ class AgentFunctionLoop:
             ep.close()
             progress.advance("rollout")
         return _with_refusals(ep, outcome)
+
+    def _play(self, url: str, task: Task) -> Any:
+        """The agent's episode, on a thread of its own (an async agent on an event loop of its
+        own there): an agent that blocks or spins holds up no other episode, and its deadline
+        is kept by the rollout's loop, which it cannot block."""
+        options = {"base_url": url, "api_key": "steprl", "timeout": self.timeout_s,
+                   "max_retries": 0}  # fmt: skip
+        if not inspect.iscoroutinefunction(self.agent):
+            return self.agent(task, openai.OpenAI(**options))
+
+        async def play() -> Any:
+            async with openai.AsyncOpenAI(**options) as client:
+                return await self.agent(task, client)
+
+        return asyncio.run(play())
 
     def _score(self, ep: EpisodeLog, result: Any) -> tuple[float, bool, dict[str, Any]]:
         """A number is the reward; a string is the final answer, scored by the env's check."""
@@ -157,7 +166,7 @@ def _with_refusals(
 
 
 def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """`fn(*args)` in a daemon thread of its own, as a future of the running loop: a sync agent
+    """`fn(*args)` in a daemon thread of its own, as a future of the running loop: an agent
     that hangs past its timeout is abandoned (its later calls are refused) without holding up
     the iteration or the process's exit."""
     loop = asyncio.get_running_loop()

@@ -95,6 +95,18 @@ def refusal_catching_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+@plugin("agent")
+async def blocking_async_agent(task: Task, client: openai.AsyncOpenAI) -> float:
+    """Async, but episode 0 blocks (a sync sleep) after its call; the others are fine."""
+    index = blocking_async_agent.counter = getattr(blocking_async_agent, "counter", -1) + 1
+    messages = [{"role": "user", "content": task.prompt}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    if index == 0:
+        time.sleep(30)
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -189,6 +201,15 @@ def test_refused_calls_are_no_success_and_lost_episodes_are_told(tiny_model_dir,
     assert stats.episode_ends == {"refused": 2} and stats.env_errors == 2
     [why] = stats.lost_episodes.values()
     assert why.startswith("refused: ") and "tool_calls must be a list" in why
+
+
+def test_a_blocking_async_agent_stalls_only_its_own_episode(tiny_model_dir, engine) -> None:
+    cfg = agent_config(tiny_model_dir, "blocking_async_agent", "env.agent_timeout_s=4")
+    start = time.monotonic()
+    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=4, tasks=1)
+    assert time.monotonic() - start < 20  # not the 30 s it blocks
+    assert stats.episode_ends == {"timeout": 1, "agent": 3}
+    assert len(steps) == 7  # the blocked episode's first call, and 2 calls of each other one
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
