@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from agent_core import runtime
 from agent_core.config import load_config
 from agent_core.faults import ENV_VAR, MODE_VAR, ONCE_VAR
+from agent_core.registry import plugin
 from agent_core.replay import read_partition
 from agent_core.trainer.batching import TrainRow
 from agent_core.workers.rollout_pool import RolloutPool
@@ -34,6 +35,7 @@ ROW_COLUMNS = ["trajectory_id", "step_index", "prompt_ids", "response_ids",
                "response_logprobs", "reward", "advantage", "policy_version"]  # fmt: skip
 
 
+@plugin("reward")
 def even_tokens(trajectory, task) -> float:
     """A reward that differs between any two random replies (the share of even token ids of
     the last one), so every group has an advantage and every update moves the weights."""
@@ -122,6 +124,46 @@ def test_workers_give_the_in_process_rows(in_process, tiny_model_dir, root, sync
     shard_pids = [json.loads(record.read_text())["pid"] for record in records]
     assert len(set(shard_pids)) == 2 and os.getpid() not in shard_pids, shard_pids
     assert max_diff(weights(in_process.run_dir, 2), weights(summary.run_dir, 2)) == 0.0
+
+
+def test_readme_scale_out_command_runs_each_episode_once(in_process, tiny_model_dir, root) -> None:
+    """The README's `steprl train --set rollout.workers=2 --set trainer.ranks=2`, with
+    `rollout.num_shards` at its default: the two shards split the tasks (once, each shard
+    sliced by num_shards and shard 1 reran shard 0's tasks), so every (trajectory, step) key is
+    there once, every group holds group_size trajectories of one task numbered from step 0,
+    and the rows are those of the in-process run with two shards."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    overrides = [
+        f"model.path={tiny_model_dir}", f"run.output_dir={root / 'runs'}", "run.name=readme",
+        f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}", "tracking.log_checkpoints=false",
+        "tracking.traces_per_iteration=0", "rollout.threads=1", "ray.num_cpus=4",
+        f"reward.terms=[{{name: '{__name__}:even_tokens', weight: 1.0}}]",
+        "rollout.workers=2", "trainer.ranks=2",
+    ]  # fmt: skip
+    args = ["train", "--config", "smoke", *(a for o in overrides for a in ("--set", o))]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    cfg = load_config("smoke", overrides)
+    table = read_partition(str(root / "runs" / "readme"), 1).to_pydict()
+    keys = list(zip(table["trajectory_id"], table["step_index"], strict=True))
+    assert len(keys) == len(set(keys)), "a (trajectory_id, step_index) key is there twice"
+    groups: dict[str, set[str]] = {}
+    steps: dict[str, list[int]] = {}
+    for group, trajectory, task, index in zip(
+        table["group_id"], table["trajectory_id"], table["task_id"], table["step_index"],
+        strict=True,
+    ):  # fmt: skip
+        groups.setdefault(group, set()).add(f"{task}/{trajectory}")
+        steps.setdefault(trajectory, []).append(index)
+    assert len(groups) == cfg.rollout.tasks_per_iteration
+    for group, members in groups.items():
+        assert len(members) == cfg.rollout.group_size, (group, members)
+        assert len({m.split("/")[0] for m in members}) == 1, (group, members)
+    assert all(sorted(found) == list(range(len(found))) for found in steps.values()), steps
+    assert rows(str(root / "runs" / "readme"), 1) == rows(in_process.run_dir, 1)
 
 
 def test_killed_worker_shard_is_redone(in_process, tiny_model_dir, root, monkeypatch) -> None:
