@@ -248,3 +248,20 @@ def test_plugin_marks_only_known_roles_and_reads_no_attribute() -> None:
             return "reward"
 
     assert not is_plugin(Anything(), "reward") and not is_plugin(Anything, "reward")
+
+
+def test_serve_hands_its_limits_to_the_runs_it_executes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from flows.serve import announce_limits, deployment_limits_from
+
+    with pytest.raises(ValueError, match="--allow-module 'os:system': give a module name"):
+        deployment_limits_from(["os:system"], [])
+    with pytest.raises(ValueError, match=r"--data-root .*nope: not a folder"):
+        deployment_limits_from([], [tmp_path / "nope"])
+    limits = deployment_limits_from(["my_pkg"], [tmp_path / "." / ""])
+    assert limits == DeploymentLimits(modules=("my_pkg",), data_roots=(str(tmp_path),))
+    monkeypatch.setenv(DEPLOYMENT_LIMITS_ENV, DeploymentLimits(modules=("os",)).model_dump_json())
+    announce_limits(limits)  # replaces whatever the serving shell had set
+    assert deployment_limits() == limits
+    assert "may import: my_pkg;" in capsys.readouterr().out
