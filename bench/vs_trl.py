@@ -4,8 +4,14 @@ Task: the calculator env's first turn (few-shot prompt, rendered by steprl's Age
 single-turn prompt; reward = answer match (1 for the right 'Answer: N' without a tool call)
 - 0.01 x completion tokens. Same SmolLM2-135M folder, 4 prompts x 4 completions, 32 new
 tokens, temperature 0.7, one optimizer step per iteration over 2 micro-batches of 8, lr 5e-6,
-bf16 autocast, no KL; both sides train every completion (steprl's skip of zero-advantage rows
-is off here). steprl runs its phase functions (collect, score, write_replay, update, log; no
+no KL; both sides train every completion (steprl's skip of zero-advantage rows is off here).
+Like with like: both sides hold fp32 weights, and TRL's update uses bf16 autocast exactly where
+steprl's `trainer.dtype: auto` does (a CPU with native bf16 matmuls; elsewhere a bf16 matmul
+falls back to a scalar GEMM, so both update in fp32). steprl generates in `rollout.dtype`
+(float32); TRL's bf16 flag also autocasts its generation (Accelerate wraps the model's forward),
+so where bf16 is on the two generate in different dtypes, and the printout says so. Both run in
+this process with the same torch threads. Each side prints the dtypes and threads it used.
+steprl runs its phase functions (collect, score, write_replay, update, log; no
 Prefect), then TRL runs `GRPOTrainer.train()`; steady state = best iteration after the first.
 Needs the `bench` extra (pip install -e '.[bench]'); without TRL it says so and exits 0.
 Run: .venv/bin/python bench/vs_trl.py [--iterations 3 --threads 1] (~5-7 min on 2 cores);
@@ -127,14 +133,37 @@ def answer_reward(
     ]
 
 
-def trl_config(root: Path, iterations: int):
+def update_dtype(cfg) -> str:
+    """The compute dtype steprl's update resolves to on this CPU ('auto': bf16 only where
+    the CPU multiplies bf16 natively); TRL's update is given the same."""
+    from agent_core.trainer.policy_trainer import resolve_compute_dtype
+
+    return resolve_compute_dtype(cfg.trainer.dtype, "cpu")
+
+
+def sides(cfg) -> dict[str, str]:
+    """What each side computes in, as printed: weights and generate dtype, update dtype,
+    torch threads (both run in this process)."""
+    import torch
+
+    update, threads = update_dtype(cfg), torch.get_num_threads()
+    return {
+        "steprl": f"weights + generate {cfg.rollout.dtype}, update {update} "
+        f"(trainer.dtype={cfg.trainer.dtype}), {threads} torch threads",
+        "TRL": f"weights float32, generate + update {update} (bf16={update == 'bfloat16'}), "
+        f"{threads} torch threads",
+    }
+
+
+def trl_config(root: Path, iterations: int, bf16: bool):
     """GRPOConfig matching steprl's settings (one optimizer step per generation round)."""
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=str(root / "trl"),
         use_cpu=True,
-        bf16=True,
+        bf16=bf16,
+        model_init_kwargs={"dtype": "float32"},  # fp32 weights, as steprl's engine and master
         seed=0,
         max_steps=iterations,
         per_device_train_batch_size=8,
@@ -161,7 +190,9 @@ def trl_config(root: Path, iterations: int):
     )
 
 
-def run_trl(root: Path, model: Path, texts: list[str], answers: list[float], iterations: int):
+def run_trl(
+    root: Path, model: Path, texts: list[str], answers: list[float], iterations: int, bf16: bool
+):
     """TRL GRPOTrainer on the same prompts; seconds per optimizer step and in generate."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -183,7 +214,7 @@ def run_trl(root: Path, model: Path, texts: list[str], answers: list[float], ite
             marks.append(time.perf_counter())
             print(f"  TRL step {len(marks) - 1}: {marks[-1] - marks[-2]:.1f} s", flush=True)
 
-    config = trl_config(root, iterations)
+    config = trl_config(root, iterations, bf16)
     dataset = Dataset.from_dict({"prompt": texts, "answer": answers})
     trainer = GRPOTrainer(
         model=str(model), reward_funcs=answer_reward, args=config, train_dataset=dataset
@@ -259,12 +290,15 @@ def main() -> int:
         cfg = steprl_config(root, args.model, args.iterations)
         print(
             f"{TASKS} prompts x {GROUP} completions, {NEW_TOKENS} new tokens, "
-            f"{args.iterations} iterations, {args.model.name}, 2 micro-batches of 8, bf16 autocast"
+            f"{args.iterations} iterations, {args.model.name}, 2 micro-batches of 8"
         )
+        print(f"steprl: {sides(cfg)['steprl']}")
         steprl = run_steprl(cfg)
         gc.collect()
         texts, answers = prompts(cfg, args.iterations)
-        trl = run_trl(root, args.model, texts, answers, args.iterations)
+        print(f"TRL: {sides(cfg)['TRL']}")  # threads read again: steprl's run may set them
+        bf16 = update_dtype(cfg) == "bfloat16"
+        trl = run_trl(root, args.model, texts, answers, args.iterations, bf16)
     report(steprl, trl)
     return 0
 

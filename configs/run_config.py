@@ -330,7 +330,12 @@ class RolloutSection(Section):
         "nats per token (p99 ~0.2): pair it with trainer.old_logprobs=recompute.",
     )
     threads: int = Field(
-        0, ge=0, description="torch CPU threads for rollouts; 0 = leave torch's default."
+        0,
+        ge=0,
+        description="torch CPU threads for rollouts; 0 = leave the default (the flow's process: "
+        "torch's; a rollout worker: Ray's, one thread per rollout.worker_cpus). Rollout workers "
+        "give rows bit-for-bit equal to the flow's own engine only with the same count on both "
+        "sides: set 1 where that matters.",
     )
     fused_forward: bool = Field(
         True,
