@@ -266,9 +266,9 @@ def test_readme_agent_trains_through_tool_calls(tiny_tokenizer, tmp_path: Path) 
     replies = [f"<tool_call>{json.dumps(call)}</tool_call>", f"Answer: {task.answer}"]
     scripted = ScriptedEngine(tiny_tokenizer, replies)
     scripted.tokenizer = tiny_tokenizer
-    cfg = load_config("smoke", ["env.agent=my_agent:solve", "env.max_steps=3"])
-    sys.path.insert(0, str(tmp_path))
+    sys.path.insert(0, str(tmp_path))  # before load: the config check imports env.agent
     try:
+        cfg = load_config("smoke", ["env.agent=my_agent:solve", "env.max_steps=3"])
         loop = make_loop(cfg, scripted, seed=0)
         steps, stats = loop.run([task], 1, RolloutMeta("run", 1, 0, "calculator"))
     finally:
@@ -318,10 +318,10 @@ def test_readme_two_role_agent_runs(tiny_model_dir, engine, tmp_path: Path) -> N
     [code] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
               if b.startswith("# readme-example: two_roles.py")]  # fmt: skip
     (tmp_path / "two_roles.py").write_text(code)
-    cfg = load_config("smoke", [f"model.path={tiny_model_dir}", "env.agent=two_roles:solve",
-                                "env.max_steps=3", "rollout.max_new_tokens=6"])  # fmt: skip
-    sys.path.insert(0, str(tmp_path))
+    sys.path.insert(0, str(tmp_path))  # before load: the config check imports env.agent
     try:
+        cfg = load_config("smoke", [f"model.path={tiny_model_dir}", "env.agent=two_roles:solve",
+                                    "env.max_steps=3", "rollout.max_new_tokens=6"])  # fmt: skip
         steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=2, tasks=1)
     finally:
         sys.path.remove(str(tmp_path))
