@@ -103,7 +103,13 @@ def reward_fn(name: str) -> RewardFn:
     )
     if isinstance(found, RewardFn):
         return found
-    return RewardFn(found, getattr(found, "reward_kind", "outcome"))
+    kind = vars(found).get("reward_kind", "outcome")
+    if kind not in ("outcome", "process"):
+        raise ValueError(
+            f"reward {name!r} has reward_kind={kind!r}: set 'outcome' (fn(trajectory, task)) "
+            "or 'process' (fn(step, task))"
+        )
+    return RewardFn(found, kind)
 
 
 def configured_terms(cfg: RunConfig) -> list[RewardTerm | JudgeTerm]:

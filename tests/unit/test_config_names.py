@@ -99,6 +99,14 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
         def unmarked(trajectory, task):
             return 1.0
+
+
+        @plugin("reward")
+        def odd_kind(step, task):
+            return 1.0
+
+
+        odd_kind.reward_kind = "judged"
         """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -131,6 +139,8 @@ def test_unmarked_or_other_role_functions_are_refused(user_module: Path) -> None
     assert "reward.terms.0.name: reward 'user_parts:unmarked'" in message
     assert "algorithm.estimator: estimator 'user_parts:bonus'" in message
     assert "marked @plugin('estimator')" in message
+    with pytest.raises(ConfigError, match="reward_kind='judged': set 'outcome'"):
+        load_config("smoke", ["reward.terms=[{name: 'user_parts:odd_kind', weight: 1.0}]"])
 
 
 def _unchecked(overrides: list[str]) -> RunConfig:
