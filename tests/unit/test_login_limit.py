@@ -71,3 +71,24 @@ def test_the_table_of_clients_stays_bounded() -> None:
     for n in range(login_limit.MAX_CLIENTS + 50):
         gate.failed(f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
     assert len(gate.failures) == login_limit.MAX_CLIENTS
+
+
+def test_refused_websocket_tokens_count_and_a_limited_client_is_closed_unheard() -> None:
+    """Prefect checks a websocket's token in its first message and closes with 1008 if wrong."""
+    reached: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["client"][0])
+        await send({"type": "websocket.close", "code": 1008, "reason": "Invalid token"})
+
+    gate = FailedLoginLimit(app, clock=Clock())
+    closes: list[dict] = []
+
+    async def send(message: dict) -> None:
+        closes.append(message)
+
+    scope = {"type": "websocket", "client": ("10.0.0.9", 50000), "headers": []}
+    for _ in range(MAX_FAILURES + 1):
+        asyncio.run(gate(scope, None, send))
+    assert len(reached) == MAX_FAILURES
+    assert closes[-1]["code"] == 1008 and "too many failed logins" in closes[-1]["reason"]
