@@ -280,7 +280,8 @@ def test_killed_rank_fails_by_name_and_rerun_resumes(
     """Rank 1 dies after its first optimizer step: the update fails naming it (no hang: rank 0
     waiting in a collective is stopped), and the rerun of the run trains iteration 1 again
     from policy 0 to the weights a run nobody killed has (here the in-process run's, within
-    the rank-split tolerance)."""
+    the rank-split tolerance: two ranks add the gradients in another order, measured 4.6e-6
+    apart on this iteration's rows, while the update moves the weights by more than 1e-4)."""
     monkeypatch.setenv(ENV_VAR, "update_rank1:1")
     monkeypatch.setenv(ONCE_VAR, str(root / "rank-killed"))
     overrides = ("trainer.ranks=2", "trainer.zero_stage=2", "ray.update_timeout_s=300")
@@ -291,7 +292,7 @@ def test_killed_rank_fails_by_name_and_rerun_resumes(
     summary = train(config)
     assert summary.iterations_run == [1]
     assert rows(summary.run_dir, 1) == rows(in_process.run_dir, 1)
-    assert max_diff(weights(summary.run_dir, 1), weights(in_process.run_dir, 1)) < 1e-6
+    assert max_diff(weights(summary.run_dir, 1), weights(in_process.run_dir, 1)) < 1e-5
 
 
 def test_stopped_rank_is_found_in_seconds_naming_it(tiny_model_dir, root, monkeypatch) -> None:
