@@ -82,6 +82,11 @@ def main() -> None:
     service = PolicyService(engine, engine.tokenizer, settings)
     print(f"model {args.model.name}, {args.requests} requests per client, "
           f"max_tokens {args.max_tokens}, window {args.window_s} s")  # fmt: skip
+    # both sides are this one engine: same dtype and threads by construction
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    print(f"engine and server: {engine.model.dtype}, {threads} torch threads")
     print(f"{'clients':>7} {'engine req/s':>12} {'server req/s':>12} {'engine tok/s':>12} "
           f"{'server tok/s':>12} {'server/engine':>13} {'engine calls':>12}")  # fmt: skip
     with ServerThread(build_app(service)) as server:
