@@ -72,8 +72,25 @@ class DeploymentLimits(BaseModel):
     )
     data_roots: tuple[str, ...] = Field(
         (),
-        description="Folders a deployment run may read task files under (`steprl serve "
-        "--data-root`), besides the shipped configs/data.",
+        description="Folders a deployment run may read task files, model folders, corpora "
+        "and demonstrations under (`steprl serve --data-root`), besides the shipped "
+        "configs/data, `runs_root` and `models_root`.",
+    )
+    runs_root: str = Field(
+        "runs",
+        description="The folder deployment runs write under (run.output_dir must be in it) "
+        "and may read checkpoints from: `runs` of the folder `steprl serve` started in.",
+    )
+    models_root: str = Field(
+        ".models",
+        description="The prepared models folder (`make setup-model`): deployment runs may "
+        "read model folders and create generated models under it.",
+    )
+    pythons: tuple[str, ...] = Field(
+        (),
+        description="The Pythons a deployment run may start vLLM with (rollout.vllm.python): "
+        "the `make vllm-env` one when it existed as `steprl serve` started, and each "
+        "`--allow-python`; none = rollout.engine=vllm is refused.",
     )
 
 
@@ -182,7 +199,9 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
     return config_from_dict(apply_overrides(data, overrides or []))
 
 
-def check_config(config: RunConfig, limits: DeploymentLimits | None = None) -> None:
+def check_config(
+    config: RunConfig, limits: DeploymentLimits | None = None, checkpoint: str | None = None
+) -> None:
     """The checks pydantic cannot make alone: resolve every name (env, agent, tools, reward
     terms, estimator, context policy, summarizer) to its role's type before anything of it is
     called, match env.kwargs and env.tools to the env, find the model folder and task file,
@@ -190,7 +209,9 @@ def check_config(config: RunConfig, limits: DeploymentLimits | None = None) -> N
     Prefect deployment never passes `load_config`), so a typo fails before any model loads;
     raises ConfigError naming each field and its fix. With `limits` (a deployment run),
     'module:attribute' names outside `limits.modules` are refused before anything is
-    imported, and task files outside `limits.data_roots` before they are opened."""
+    imported, and files, folders and executables outside what `agent_core.deployment_paths`
+    allows before they are opened or started (also the `evaluate` flow's `checkpoint`)."""
+    from agent_core.deployment_paths import check_checkpoint
     from agent_core.registry import ModuleAllowlist, only_modules
 
     allowed = ModuleAllowlist(limits.modules, HOW_TO_ALLOW_MODULE) if limits else None
@@ -198,17 +219,24 @@ def check_config(config: RunConfig, limits: DeploymentLimits | None = None) -> N
         problems = _problems(config, limits)
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))
+    if limits is not None and checkpoint is not None:
+        check_checkpoint(config, checkpoint, limits)
 
 
 def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
-    """One '  field: message' line per failed check."""
+    """One '  field: message' line per failed check; a deployment run's refused paths first,
+    and no check that would read one of them runs."""
+    from agent_core.deployment_paths import path_problems
     from agent_core.registry import UnknownNameError
 
-    problems = [f"  {field}: {message}" for field, message in _size_problems(config)]
+    refused = path_problems(config, limits) if limits is not None else []
+    problems = [f"  {field}: {message}" for field, message in [*refused, *_size_problems(config)]]
     needs = _estimator_needs(config)
     if needs:
         problems.append(f"  algorithm.estimator: {needs}")
-    for field, check in [*_env_checks(config, limits), *_name_checks(config)]:
+    for field, check in [*_env_checks(config), *_name_checks(config)]:
+        if any(r == field or r.startswith(f"{field}.") for r, _ in refused):
+            continue
         try:
             check()
         except (UnknownNameError, TypeError, ValueError) as exc:
@@ -216,9 +244,7 @@ def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
     return problems
 
 
-def _env_checks(
-    config: RunConfig, limits: DeploymentLimits | None
-) -> list[tuple[str, Callable[[], Any]]]:
+def _env_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     """(field, check) for the env: its name, context, constructor, tasks, tools; the model."""
     from agent_core.context import make_context_policy
     from agent_core.envs import contract, env_class
@@ -238,7 +264,7 @@ def _env_checks(
         ),
         ("env.name", lambda: _check_env(config, contract.check_reset)),
         ("env.tools", lambda: _check_env_takes_tools(config)),
-        ("env.tasks", lambda: _check_task_file(config, limits)),
+        ("env.tasks", lambda: _check_task_file(config)),
         ("model.path", lambda: _check_model_folder(config)),
     ]
     if env.agent is not None:
@@ -313,10 +339,9 @@ def _check_env_takes_tools(config: RunConfig) -> None:
         )
 
 
-def _check_task_file(config: RunConfig, limits: DeploymentLimits | None) -> None:
+def _check_task_file(config: RunConfig) -> None:
     """Open env.tasks (columns, empty cells, disjoint splits) and fit the run's sizes to its
-    splits; an env without tasks of its own needs a file. A deployment run (`limits`) opens
-    only files under its data roots."""
+    splits; an env without tasks of its own needs a file."""
     from agent_core.task_file import open_task_file
 
     spec = config.env.tasks
@@ -325,8 +350,6 @@ def _check_task_file(config: RunConfig, limits: DeploymentLimits | None) -> None
         if cls is not None and getattr(cls, "needs_task_file", False):
             raise ValueError(f"env {config.env.name!r} has no tasks of its own: set env.tasks")
         return
-    if limits is not None:
-        _check_data_root(spec.path, limits)
     sizes = open_task_file(spec).sizes
     if config.rollout.tasks_per_iteration > sizes["train"]:
         raise ValueError(
@@ -337,19 +360,6 @@ def _check_task_file(config: RunConfig, limits: DeploymentLimits | None) -> None
         raise ValueError(
             f"eval.episodes={config.eval.episodes} exceeds the {sizes['held_out']} held_out "
             f"rows of {spec.path}: lower eval.episodes"
-        )
-
-
-def _check_data_root(path: str, limits: DeploymentLimits) -> None:
-    """Refuse a task file outside the shipped data and `limits.data_roots` (symlinks and '..'
-    resolved first, so neither leads out of a root)."""
-    roots = [SHIPPED_DATA, *(Path(r) for r in limits.data_roots)]
-    where = Path(path).resolve()
-    if not any(where.is_relative_to(root.resolve()) for root in roots):
-        shown = ", ".join(str(r) for r in roots)
-        raise ValueError(
-            f"path {path!r} is outside the folders a deployment run may read ({shown}): "
-            "restart `steprl serve` with `--data-root <the folder holding it>` to allow it"
         )
 
 

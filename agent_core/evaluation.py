@@ -123,20 +123,11 @@ def evaluate_policy(
     )
 
 
-def resolve_checkpoint(cfg: RunConfig, spec: str) -> tuple[Path, int, str]:
-    """(folder, policy version, label) for 'base', 'latest', 'iter_0003' / '3' (of the
-    configured run), or a path to any HF model folder (version -1 when unknown)."""
-    import json
-
+def checkpoint_folder(cfg: RunConfig, spec: str) -> Path:
+    """The folder of 'latest', 'iter_0003' / '3' (of the configured run) or a path; only
+    the run's 'latest' pointer is read (a deployment run's folders are checked on it)."""
     from agent_core.iteration import CHECKPOINTS, LATEST, run_dir_of
-    from agent_core.models import ensure_model_folder
 
-    model = cfg.model
-    if spec == "base":
-        folder = ensure_model_folder(
-            model.path, model.source, model.tiny_hidden_size, model.tiny_layers
-        )
-        return folder, 0, "base"
     checkpoints = run_dir_of(cfg) / CHECKPOINTS
     if spec == "latest":
         pointer = checkpoints / LATEST
@@ -147,7 +138,23 @@ def resolve_checkpoint(cfg: RunConfig, spec: str) -> tuple[Path, int, str]:
         spec = pointer.read_text().strip()
     if spec.isdigit():
         spec = f"iter_{int(spec):04d}"
-    folder = checkpoints / spec if spec.startswith("iter_") else Path(spec)
+    return checkpoints / spec if spec.startswith("iter_") else Path(spec)
+
+
+def resolve_checkpoint(cfg: RunConfig, spec: str) -> tuple[Path, int, str]:
+    """(folder, policy version, label) for 'base', 'latest', 'iter_0003' / '3' (of the
+    configured run), or a path to any HF model folder (version -1 when unknown)."""
+    import json
+
+    from agent_core.models import ensure_model_folder
+
+    model = cfg.model
+    if spec == "base":
+        folder = ensure_model_folder(
+            model.path, model.source, model.tiny_hidden_size, model.tiny_layers
+        )
+        return folder, 0, "base"
+    folder = checkpoint_folder(cfg, spec)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {spec!r}: {folder} is not a model folder")
     meta = folder / "steprl.json"

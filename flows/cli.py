@@ -121,8 +121,14 @@ def serve(
     ),
     data_root: list[Path] = typer.Option(
         [],
-        help="A folder such runs may read task files (env.tasks) from (repeatable); default: "
-        "only the shipped configs/data.",
+        help="A folder such runs may read task files, model folders, corpora and "
+        "demonstrations from (repeatable); default: only the shipped configs/data, runs/ and "
+        ".models/.",
+    ),
+    allow_python: list[Path] = typer.Option(
+        [],
+        help="A Python such runs may start vLLM with (rollout.vllm.python; repeatable); "
+        "default: only .vllm-venv/bin/python when `make vllm-env` made it.",
     ),
 ) -> None:
     """Start Prefect + MLflow servers, register deployments, run them until Ctrl-C."""
@@ -132,7 +138,7 @@ def serve(
         _config(name, [])
     try:
         check_auth(auth)
-        limits = deployment_limits_from(allow_module, data_root)
+        limits = deployment_limits_from(allow_module, data_root, allow_python)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

@@ -27,8 +27,9 @@ from tasks.evaluate import evaluate_checkpoint
 def evaluate(config: RunConfig, checkpoint: str = "latest") -> EvalRun:
     """Evaluate `checkpoint` of the run `config.run.name` on the env's held-out seeds."""
     # A deployment's parameters never went through load_config, and anyone with the UI or
-    # API sets them: such a run gets only the names and data `steprl serve` allows.
-    check_config(config, deployment_limits() if runtime.deployment.id else None)
+    # API sets them: such a run gets only the names, folders and checkpoints `steprl serve`
+    # allows.
+    check_config(config, deployment_limits() if runtime.deployment.id else None, checkpoint)
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id)}
     result = evaluate_checkpoint(config, checkpoint, tags)
     metrics = result.outcome.metrics

@@ -23,12 +23,8 @@ from pathlib import Path
 from prefect import serve
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from agent_core.config import (
-    DEPLOYMENT_LIMITS_ENV,
-    SHIPPED_DATA,
-    DeploymentLimits,
-    load_config,
-)
+from agent_core.config import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
+from agent_core.deployment_paths import read_roots, write_roots
 from flows.evaluate import evaluate
 from flows.train import train
 
@@ -37,6 +33,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 AUTH_ENV = "STEPRL_SERVE_AUTH"
 MIN_PASSWORD_CHARS = 12
+VLLM_ENV_PYTHON = ".vllm-venv/bin/python"  # what `make vllm-env` creates
 
 
 @dataclass
@@ -302,10 +299,14 @@ def build_deployments(
 
 
 def deployment_limits_from(
-    allow_modules: Sequence[str], data_roots: Sequence[str | Path]
+    allow_modules: Sequence[str],
+    data_roots: Sequence[str | Path],
+    allow_pythons: Sequence[str | Path] = (),
 ) -> DeploymentLimits:
-    """The limits of `steprl serve --allow-module M --data-root DIR`; refuses a module name
-    that is no dotted name and a root that is no folder."""
+    """The limits of `steprl serve --allow-module M --data-root DIR --allow-python EXE`, with
+    this folder's runs/ and .models/ and, when `make vllm-env` made it, .vllm-venv's Python;
+    refuses a module name that is no dotted name, a root that is no folder and a Python that
+    is no executable file."""
     for module in allow_modules:
         if not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(
@@ -315,7 +316,19 @@ def deployment_limits_from(
     for given, root in zip(data_roots, roots, strict=True):
         if not root.is_dir():
             raise ValueError(f"--data-root {given}: not a folder")
-    return DeploymentLimits(modules=tuple(allow_modules), data_roots=tuple(map(str, roots)))
+    pythons = [os.path.abspath(python) for python in allow_pythons]
+    for given, python in zip(allow_pythons, pythons, strict=True):
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ValueError(f"--allow-python {given}: not an executable file")
+    if os.access(VLLM_ENV_PYTHON, os.X_OK):
+        pythons.append(os.path.abspath(VLLM_ENV_PYTHON))
+    return DeploymentLimits(
+        modules=tuple(allow_modules),
+        data_roots=tuple(map(str, roots)),
+        runs_root=str(Path("runs").resolve()),
+        models_root=str(Path(".models").resolve()),
+        pythons=tuple(dict.fromkeys(pythons)),
+    )
 
 
 def announce_limits(limits: DeploymentLimits) -> None:
@@ -323,9 +336,12 @@ def announce_limits(limits: DeploymentLimits) -> None:
     environment; a run's parameters cannot change it) and say what they allow."""
     os.environ[DEPLOYMENT_LIMITS_ENV] = limits.model_dump_json()
     modules = ", ".join(limits.modules) or "none (steprl's own names only; --allow-module)"
-    roots = ", ".join([str(SHIPPED_DATA), *limits.data_roots])
+    roots = ", ".join(str(root.resolve()) for root in read_roots(limits))
+    pythons = ", ".join(limits.pythons) or "none (make vllm-env; --allow-python)"
     print(
-        f"Deployment runs may import: {modules}; read task files under: {roots} (--data-root)",
+        f"Deployment runs may import: {modules}; read under: {roots} (--data-root); write "
+        f"under: {', '.join(str(r.resolve()) for r in write_roots(limits))}; start vLLM "
+        f"with: {pythons}",
         flush=True,
     )
 
@@ -345,7 +361,8 @@ def serve_forever(
 ) -> None:
     """Start the servers (unless told not to), register the deployments and execute their
     runs in this process until interrupted; then stop the servers. The runs may name only
-    steprl's own names and `limits.modules`, and read task files only under `limits`' roots."""
+    steprl's own names and `limits.modules`, and read, write and start only what `limits`
+    allows (agent_core.deployment_paths)."""
     announce_limits(limits or DeploymentLimits())
     services = None
     if with_servers:

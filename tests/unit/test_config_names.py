@@ -1,10 +1,12 @@
 """Every name a config resolves is of its role's type before anything of it is called; a
-deployment run imports only allowed modules and reads task files only under its data roots;
-sizes that cannot fit and loosely typed values are refused at load."""
+deployment run imports only allowed modules, reads and writes only under its folders and
+starts vLLM only with an allowed Python; sizes that cannot fit and loosely typed values are
+refused at load."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -270,8 +272,210 @@ def test_serve_hands_its_limits_to_the_runs_it_executes(
     with pytest.raises(ValueError, match=r"--data-root .*nope: not a folder"):
         deployment_limits_from([], [tmp_path / "nope"])
     limits = deployment_limits_from(["my_pkg"], [tmp_path / "." / ""])
-    assert limits == DeploymentLimits(modules=("my_pkg",), data_roots=(str(tmp_path),))
+    assert limits.modules == ("my_pkg",) and limits.data_roots == (str(tmp_path),)
     monkeypatch.setenv(DEPLOYMENT_LIMITS_ENV, DeploymentLimits(modules=("os",)).model_dump_json())
     announce_limits(limits)  # replaces whatever the serving shell had set
     assert deployment_limits() == limits
     assert "may import: my_pkg;" in capsys.readouterr().out
+
+
+def _model_folder(folder: Path) -> Path:
+    """Enough of a Hugging Face model folder for load's check (config.json + weights)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def _read_overrides(outside: Path) -> dict[str, list[str]]:
+    """For each field a run reads a file or folder from, overrides pointing it into
+    `outside` (which holds a model folder, a demonstrations file and a corpus)."""
+    judge = {"name": "judge", "model": str(outside / "model"), "rubric": "Is it right?"}
+    return {
+        "model.path": [f"model.path={outside / 'model'}", "model.source=folder"],
+        "reward.terms.0.model": [f"reward.terms=[{json.dumps(judge)}]"],
+        "warmup.path": ["warmup.enabled=true", "warmup.source=file", f"warmup.path={outside}/w"],
+        "env.tool_options.search.corpus": [
+            f"env.tool_options={{search: {{corpus: {outside / 'corpus.jsonl'}}}}}"
+        ],
+    }
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    folder = tmp_path / "outside"
+    _model_folder(folder / "model")
+    (folder / "w").write_text("")
+    pl.DataFrame({"text": ["a passage"]}).write_ndjson(folder / "corpus.jsonl")
+    return folder
+
+
+@pytest.mark.parametrize("field", list(_read_overrides(Path("o"))))
+def test_a_deployment_run_reads_no_file_or_folder_outside_its_roots(
+    field: str, outside: Path
+) -> None:
+    config = _unchecked(_read_overrides(outside)[field])
+    check_config(config)  # the command line reads any folder
+    with pytest.raises(ConfigError) as caught:
+        check_config(config, DeploymentLimits())
+    message = str(caught.value)
+    assert f"  {field}: path '{outside}" in message and "`--data-root" in message, message
+    check_config(config, DeploymentLimits(data_roots=(str(outside),)))
+    inside = outside.parent / "inside"
+    inside.mkdir()
+    (inside / "link").symlink_to(outside)
+    limits = DeploymentLimits(data_roots=(str(inside),))
+    for leaving in (inside / ".." / "outside", inside / "link"):  # resolved before compared
+        with pytest.raises(ConfigError, match=rf"{field}: path .*outside the folders"):
+            check_config(_unchecked(_read_overrides(leaving)[field]), limits)
+
+
+def test_a_refused_path_is_never_opened(outside: Path) -> None:
+    (outside / "corpus.jsonl").write_text('{"title": "no text column"}\n')
+    corpus = _read_overrides(outside)["env.tool_options.search.corpus"]
+    config = _unchecked([*corpus, "env.name=search"])
+    with pytest.raises(ConfigError, match="has no column 'text'"):
+        check_config(config)
+    with pytest.raises(ConfigError) as caught:
+        check_config(config, DeploymentLimits())
+    assert "outside the folders" in str(caught.value)
+    assert "has no column" not in str(caught.value)
+
+
+def test_a_deployment_run_writes_only_under_the_runs_and_models_folders(tmp_path: Path) -> None:
+    limits = DeploymentLimits(runs_root=str(tmp_path / "runs"), models_root=str(tmp_path / "m"))
+    model = f"model.path={tmp_path}/m/tiny"  # a 'tiny-random' model, created at run start
+    for override in ["run.output_dir=runs", f"run.output_dir={tmp_path}/runs/../elsewhere"]:
+        check_config(_unchecked([override, model]))
+        with pytest.raises(ConfigError, match=r"run\.output_dir: the runs folder .*outside"):
+            check_config(_unchecked([override, model]), limits)
+    runs = f"run.output_dir={tmp_path}/runs/nightly"
+    check_config(_unchecked([runs, model]), limits)
+    elsewhere = f"model.path={tmp_path}/elsewhere/tiny"
+    check_config(_unchecked([runs, elsewhere]))
+    with pytest.raises(ConfigError, match=r"model\.path: a generated model's folder"):
+        check_config(_unchecked([runs, elsewhere]), limits)
+
+
+def test_a_deployment_run_logs_only_to_the_servers_mlflow() -> None:
+    config = _unchecked(["tracking.tracking_uri=http://elsewhere.example:5000"])
+    check_config(config)
+    with pytest.raises(ConfigError, match=r"tracking\.tracking_uri: .*leave it null"):
+        check_config(config, DeploymentLimits())
+
+
+@pytest.fixture
+def python(tmp_path: Path) -> Path:
+    """An executable that would leave a marker file if anything ran it."""
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_deployment_run_starts_vllm_only_with_an_allowed_python(python: Path) -> None:
+    config = _unchecked(["rollout.engine=vllm", f"rollout.vllm.python={python}"])
+    check_config(config)
+    for limits in (DeploymentLimits(), DeploymentLimits(pythons=(f"{python}2",))):
+        with pytest.raises(ConfigError) as caught:
+            check_config(config, limits)
+        message = str(caught.value)
+        assert "rollout.vllm.python: " in message and f"`--allow-python {python}`" in message
+    check_config(config, DeploymentLimits(pythons=(str(python),)))
+    default = _unchecked(["rollout.engine=vllm"])  # .vllm-venv/bin/python, not made here
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.python: .*make vllm-env"):
+        check_config(default, DeploymentLimits())
+    check_config(_unchecked([f"rollout.vllm.python={python}"]), DeploymentLimits())  # unused
+    assert not (python.parent / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["--trust-remote-code"], "--trust-remote-code"),
+        (["--chat-template", "/etc/passwd"], "--chat-template"),
+        (["--gpu-memory-utilization", "--trust-remote-code"], "--gpu-memory-utilization"),
+        (["--max-num-seqs=8", "--load-format=pt"], "--load-format=pt"),
+        (["--enforce-eager=1"], "--enforce-eager=1"),
+        (["--gpu-memory-utilization", "0.5", "--max-num-seqs=8", "--enforce-eager"], None),
+    ],
+)
+def test_a_deployment_run_gives_vllm_only_size_and_switch_flags(
+    python: Path, args: list[str], refused: str | None
+) -> None:
+    config = _unchecked(
+        ["rollout.engine=vllm", f"rollout.vllm.python={python}", f"rollout.vllm.extra_args={args}"]
+    )
+    check_config(config)
+    limits = DeploymentLimits(pythons=(str(python),))
+    if refused is None:
+        check_config(config, limits)
+        return
+    with pytest.raises(ConfigError, match=rf"rollout\.vllm\.extra_args: '{refused}'"):
+        check_config(config, limits)
+
+
+def test_a_deployment_runs_vllm_listens_on_loopback(python: Path) -> None:
+    config = _unchecked(
+        ["rollout.engine=vllm", f"rollout.vllm.python={python}", "rollout.vllm.host=0.0.0.0"]
+    )
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.host: '0\.0\.0\.0'.*loopback"):
+        check_config(config, DeploymentLimits(pythons=(str(python),)))
+
+
+def test_a_deployment_run_evaluates_only_checkpoints_under_its_folders(
+    tmp_path: Path, outside: Path
+) -> None:
+    runs = tmp_path / "runs"
+    config = _unchecked([f"run.output_dir={runs}"])
+    _model_folder(runs / "smoke" / "checkpoints" / "iter_0001")
+    limits = DeploymentLimits(runs_root=str(runs))
+    for fine in ("base", "1", "iter_0001", str(runs / "smoke" / "checkpoints" / "iter_0001")):
+        check_config(config, limits, checkpoint=fine)
+    for leaving in (str(outside / "model"), "iter_0001/../../../../outside/model"):
+        check_config(config, checkpoint=leaving)  # the command line evaluates any folder
+        with pytest.raises(ConfigError, match=r"checkpoint: .*outside the folders"):
+            check_config(config, limits, checkpoint=leaving)
+
+
+def test_serve_allows_its_vllm_env_python_and_each_allow_python(
+    tmp_path: Path, python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.serve import VLLM_ENV_PYTHON, deployment_limits_from
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"--allow-python .*nope: not an executable file"):
+        deployment_limits_from([], [], [tmp_path / "nope"])
+    limits = deployment_limits_from([], [], [python])
+    assert limits.pythons == (str(python),)
+    assert limits.runs_root == str(tmp_path / "runs")
+    assert limits.models_root == str(tmp_path / ".models")
+    venv = tmp_path / VLLM_ENV_PYTHON
+    venv.parent.mkdir(parents=True)
+    venv.symlink_to(python)
+    assert deployment_limits_from([], []).pythons == (str(venv),)
+
+
+def test_no_config_named_folder_is_loaded_with_remote_code_or_by_unpickling() -> None:
+    """Loads name `trust_remote_code` / `weights_only` only to keep them safe (transformers
+    and torch default to trust_remote_code=False and weights_only=True)."""
+    root = Path(__file__).resolve().parents[2]
+    unsafe = re.compile(r"trust_remote_code\s*=\s*True|weights_only\s*=\s*False|pickle\.loads?\(")
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("agent_core", "tasks", "flows")
+        for path in (root / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if unsafe.search(line)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "preset", sorted(p.stem for p in preset_path("smoke").parent.glob("*.yaml"))
+)
+def test_every_preset_names_only_what_a_deployment_run_may(preset: str) -> None:
+    from agent_core.deployment_paths import path_problems
+
+    data = yaml.safe_load(preset_path(preset).read_text()) or {}
+    assert path_problems(RunConfig.model_validate(data), DeploymentLimits()) == []

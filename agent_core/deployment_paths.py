@@ -1,0 +1,181 @@
+"""What a deployment run (Prefect UI, API, schedule) may name on this machine: the folders it
+reads and writes, the Python it starts vLLM with and that server's arguments, as the person
+starting `steprl serve` allowed; everything else is refused before it is opened or started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from agent_core.config import SHIPPED_DATA, ConfigError, DeploymentLimits
+from configs.judge import JUDGE_POLICY, JudgeTerm
+from configs.run_config import RunConfig
+from configs.search import SearchToolOptions
+
+__all__ = ["check_checkpoint", "path_problems", "read_roots", "write_roots"]
+
+HOW_TO_READ = "restart `steprl serve` with `--data-root <the folder holding it>` to allow it"
+# `vllm serve` flags a deployment run may add (rollout.vllm.extra_args): sizes and switches
+# only. Every other flag can name files, code or addresses (--trust-remote-code,
+# --chat-template, --tokenizer, --download-dir, --load-format, --host, ...).
+VLLM_NUMBER_FLAGS = {
+    "--gpu-memory-utilization",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--swap-space",
+    "--block-size",
+}
+VLLM_SWITCHES = {"--enforce-eager"}
+NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+
+
+def read_roots(limits: DeploymentLimits) -> list[Path]:
+    """Folders a deployment run reads under: the shipped configs/data, the `--data-root`
+    folders, the runs folder (checkpoints, replay) and the prepared models folder."""
+    return [SHIPPED_DATA, *map(Path, limits.data_roots), *write_roots(limits)]
+
+
+def write_roots(limits: DeploymentLimits) -> list[Path]:
+    """Folders a deployment run writes under: the runs folder and the models folder (a
+    generated model is created there once; an existing folder is never overwritten)."""
+    return [Path(limits.runs_root), Path(limits.models_root)]
+
+
+def _outside(path: str | Path, roots: list[Path]) -> bool:
+    # resolved first: neither a symlink nor '..' leads out of a root
+    where = Path(path).resolve()
+    return not any(where.is_relative_to(root.resolve()) for root in roots)
+
+
+def _shown(roots: list[Path]) -> str:
+    return ", ".join(str(root.resolve()) for root in roots)
+
+
+def _read_problem(path: str | Path, limits: DeploymentLimits) -> str | None:
+    roots = read_roots(limits)
+    if not _outside(path, roots):
+        return None
+    return (
+        f"path {str(path)!r} is outside the folders a deployment run may read "
+        f"({_shown(roots)}): {HOW_TO_READ}"
+    )
+
+
+def _write_problem(path: str | Path, limits: DeploymentLimits, what: str) -> str | None:
+    roots = write_roots(limits)
+    if not _outside(path, roots):
+        return None
+    return (
+        f"{what} {str(path)!r} is outside the folders a deployment run may write "
+        f"({_shown(roots)}): choose a folder under them"
+    )
+
+
+def _read_fields(config: RunConfig) -> list[tuple[str, str]]:
+    """(field, path) of every file or folder the config makes a run read."""
+    fields = []
+    if config.model.source == "folder":
+        fields.append(("model.path", config.model.path))
+    for i, term in enumerate(config.reward.terms or []):
+        if isinstance(term, JudgeTerm) and term.model != JUDGE_POLICY:
+            fields.append((f"reward.terms.{i}.model", term.model))
+    if config.warmup.path:
+        fields.append(("warmup.path", config.warmup.path))
+    corpus = config.env.tool_options.search.corpus
+    if corpus != SearchToolOptions.model_fields["corpus"].default:
+        fields.append(("env.tool_options.search.corpus", corpus))
+    if config.env.tasks is not None:
+        fields.append(("env.tasks", config.env.tasks.path))
+    return fields
+
+
+def _write_fields(config: RunConfig) -> list[tuple[str, str, str]]:
+    """(field, path, what it is) of every folder the config makes a run create."""
+    fields = [("run.output_dir", config.run.output_dir, "the runs folder")]
+    if config.model.source != "folder":
+        fields.append(("model.path", config.model.path, "a generated model's folder"))
+    return fields
+
+
+def path_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str, str]]:
+    """(field, message) for each path outside the deployment run's folders, each setting
+    that would let it log elsewhere, and each vLLM setting `steprl serve` does not allow."""
+    problems = [(f, m) for f, p in _read_fields(config) if (m := _read_problem(p, limits))]
+    problems += [
+        (f, m) for f, p, what in _write_fields(config) if (m := _write_problem(p, limits, what))
+    ]
+    if config.tracking.tracking_uri is not None:
+        problems.append(
+            (
+                "tracking.tracking_uri",
+                "a deployment run logs to the MLflow server `steprl serve` gives it "
+                "($MLFLOW_TRACKING_URI, with its credentials): leave it null",
+            )
+        )
+    if config.rollout.engine == "vllm":
+        problems += _vllm_problems(config, limits)
+    return problems
+
+
+def _vllm_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str, str]]:
+    """The Python that starts vLLM must be one `steprl serve` allows (it runs as this user);
+    the server listens on loopback (its dev-mode endpoints reload weights) and takes only
+    size and switch flags."""
+    vllm, problems = config.rollout.vllm, []
+    python = os.path.abspath(vllm.python)  # exact: no other path to the same file is allowed
+    if python not in {os.path.abspath(p) for p in limits.pythons}:
+        allowed = ", ".join(limits.pythons) or "none"
+        problems.append(
+            (
+                "rollout.vllm.python",
+                f"{vllm.python!r} is not a Python `steprl serve` allows to start vLLM with "
+                f"(allowed: {allowed}): run `make vllm-env` before starting `steprl serve` "
+                f"(its .vllm-venv/bin/python is then allowed), or restart it with "
+                f"`--allow-python {python}`",
+            )
+        )
+    if not (vllm.host in ("localhost", "::1") or vllm.host.startswith("127.")):
+        problems.append(
+            ("rollout.vllm.host", f"{vllm.host!r}: a deployment run's vLLM server listens on "
+             "loopback only: use 127.0.0.1")
+        )  # fmt: skip
+    bad = _unsafe_vllm_args(vllm.extra_args)
+    if bad:
+        flags = ", ".join(sorted(VLLM_NUMBER_FLAGS | VLLM_SWITCHES))
+        problems.append(
+            (
+                "rollout.vllm.extra_args",
+                f"{bad!r}: a deployment run may give vLLM only these flags (numbers or "
+                f"switches): {flags}; start other runs from the command line",
+            )
+        )
+    return problems
+
+
+def _unsafe_vllm_args(args: list[str]) -> str | None:
+    """The first argument that is not an allowed switch or an allowed flag with a number."""
+    rest = iter(args)
+    for arg in rest:
+        flag, sep, value = arg.partition("=")
+        if flag in VLLM_SWITCHES and not sep:
+            continue
+        if flag in VLLM_NUMBER_FLAGS and NUMBER.match(value if sep else next(rest, "")):
+            continue
+        return arg
+    return None
+
+
+def check_checkpoint(config: RunConfig, spec: str, limits: DeploymentLimits) -> None:
+    """Refuse the `evaluate` flow's checkpoint when its folder is outside the folders a
+    deployment run may read ('base' is model.path, checked with the config)."""
+    from agent_core.evaluation import checkpoint_folder
+
+    if spec == "base":
+        return
+    message = _read_problem(checkpoint_folder(config, spec), limits)
+    if message:
+        raise ConfigError(f"invalid config:\n  checkpoint: {spec!r}: {message}")
