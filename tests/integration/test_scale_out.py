@@ -281,7 +281,8 @@ def test_killed_rank_fails_by_name_and_rerun_resumes(
     waiting in a collective is stopped), and the rerun of the run trains iteration 1 again
     from policy 0 to the weights a run nobody killed has (here the in-process run's, within
     the rank-split tolerance: two ranks add the gradients in another order, measured 4.6e-6
-    apart on this iteration's rows, while the update moves the weights by more than 1e-4)."""
+    apart on this iteration's rows, while the update moves the weights by more than 1e-4).
+    Going on with one rank is then refused before any rollout."""
     monkeypatch.setenv(ENV_VAR, "update_rank1:1")
     monkeypatch.setenv(ONCE_VAR, str(root / "rank-killed"))
     overrides = ("trainer.ranks=2", "trainer.zero_stage=2", "ray.update_timeout_s=300")
@@ -293,6 +294,13 @@ def test_killed_rank_fails_by_name_and_rerun_resumes(
     assert summary.iterations_run == [1]
     assert rows(summary.run_dir, 1) == rows(in_process.run_dir, 1)
     assert max_diff(weights(summary.run_dir, 1), weights(in_process.run_dir, 1)) < 1e-5
+    # going on with one rank cannot load the two ranks' optimizer state: refused at the start
+    one_rank = run_config(
+        tiny_model_dir, root, "rank-killed", "trainer.zero_stage=2", "run.iterations=2"
+    )
+    with pytest.raises(Exception, match=r"trainer.ranks=1 \(recorded: 2\): rerun with"):
+        train(one_rank)
+    assert not (Path(summary.run_dir) / "iter_0002").exists(), "rollouts ran before the refusal"
 
 
 def test_stopped_rank_is_found_in_seconds_naming_it(tiny_model_dir, root, monkeypatch) -> None:
