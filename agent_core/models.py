@@ -51,8 +51,12 @@ def convert_smollm2(out_dir: str | os.PathLike) -> Path:
     if is_model_folder(out):
         return out
     gguf = smollm2_gguf_file()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, trust_remote_code=False
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, trust_remote_code=False
+    )
     # A GGUF-loaded model refuses save_pretrained while it remembers its quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

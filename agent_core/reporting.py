@@ -173,7 +173,7 @@ def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateR
         samples = _samples(steps, t.sample_trajectories)
         tracking.log_json(t, run_id, samples, f"trajectories/iter_{iteration:04d}.json")
         if t.traces_per_iteration:
-            tokenizer = AutoTokenizer.from_pretrained(run.base_model)
+            tokenizer = AutoTokenizer.from_pretrained(run.base_model, trust_remote_code=False)
             payloads = trace_payloads(steps, tokenizer, t.traces_per_iteration)
             logged["traces"] = tracking.log_trajectory_traces(t, run_id, payloads)
     return logged

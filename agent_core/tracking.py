@@ -192,8 +192,10 @@ def log_checkpoint(cfg: TrackingSection, run_id: str, iteration: int, folder: Pa
     artifact_path = f"checkpoints/iter_{iteration:04d}"
     client = client_for(cfg)
     components = {
-        "model": AutoModelForCausalLM.from_pretrained(folder, dtype="auto"),
-        "tokenizer": AutoTokenizer.from_pretrained(folder),
+        "model": AutoModelForCausalLM.from_pretrained(
+            folder, dtype="auto", trust_remote_code=False
+        ),
+        "tokenizer": AutoTokenizer.from_pretrained(folder, trust_remote_code=False),
     }
     card = ModelCard(
         f"---\nlicense: other\n---\nsteprl policy, run {run_id}, iteration {iteration}"

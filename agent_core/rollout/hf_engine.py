@@ -539,8 +539,10 @@ class HFRolloutEngine:
         pack_weights: bool = True,
     ) -> None:
         self.threads = threads
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=_DTYPES[dtype], trust_remote_code=False
+        )
         self.model.to(device).eval()
         self.device = torch.device(device)
         self.pad_id = self._pad_id()

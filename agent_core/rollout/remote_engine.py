@@ -67,7 +67,7 @@ class RemoteRolloutEngine:
         self.settings = settings
         self.server = server
         self.startup_seconds = server.startup_seconds if server is not None else 0.0
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=False)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self.client = httpx.Client(
             base_url=settings.base_url, headers=headers, timeout=settings.timeout_s

@@ -33,7 +33,7 @@ def load_lm(folder: Path, cfg: LoraSection) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     base = base_model_of(folder)
-    lm = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
     lm.config.use_cache = False
     if base != Path(folder):
         return PeftModel.from_pretrained(lm, Path(folder) / ADAPTER_DIR, is_trainable=True)

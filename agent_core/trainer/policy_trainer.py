@@ -134,11 +134,13 @@ class PolicyTrainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(self.seed)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)
         if self.cfg.lora is not None:
             lm = lora.load_lm(model_path, self.cfg.lora)
         else:
-            lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            lm = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=torch.float32, trust_remote_code=False
+            )
         lm.config.use_cache = False
         if self.cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
@@ -169,7 +171,9 @@ class PolicyTrainer:
     def _load_reference(self, path: str | Path) -> PolicyModule:
         from transformers import AutoModelForCausalLM
 
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, trust_remote_code=False
+        )
         ref = PolicyModule(lm, value_head=False).to(self.device).eval()
         ref.requires_grad_(False)
         return ref

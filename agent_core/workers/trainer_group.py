@@ -100,7 +100,7 @@ class TrainerGroup:
         remote = actor_class(TrainerRank)
         options = actor_options(t.rank_cpus, t.rank_gpus, cfg.rollout.threads or 1)
         self.ranks = [remote.options(**options).remote(os.getcwd(), 1) for _ in range(t.ranks)]
-        self.tokenizer = AutoTokenizer.from_pretrained(weights)
+        self.tokenizer = AutoTokenizer.from_pretrained(weights, trust_remote_code=False)
         wait_started(self.ranks, cfg, "trainer ranks", t.rank_cpus, t.rank_gpus)
         start = cfg.ray.start_timeout_s
         master = self._gather([self.ranks[0].address.remote()], "start", start)

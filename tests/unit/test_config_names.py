@@ -5,8 +5,8 @@ refused at load."""
 
 from __future__ import annotations
 
+import ast
 import json
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -456,19 +456,34 @@ def test_serve_allows_its_vllm_env_python_and_each_allow_python(
     assert deployment_limits_from([], []).pythons == (str(venv),)
 
 
+def _unsafe_loads(source: str) -> list[str]:
+    """The calls in `source` that could run code a model folder brings: a transformers
+    `from_pretrained` without trust_remote_code=False (with None it asks on stdin, which a
+    served run may share with a terminal), `weights_only=False`, or unpickling."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        given = {k.arg: getattr(k.value, "value", k.value) for k in node.keywords}
+        owner = getattr(node.func.value, "id", "")
+        remote = node.func.attr == "from_pretrained" and owner.startswith("Auto")
+        if (remote and given.get("trust_remote_code") is not False) or (
+            given.get("weights_only") is False or owner == "pickle"
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
 def test_no_config_named_folder_is_loaded_with_remote_code_or_by_unpickling() -> None:
-    """Loads name `trust_remote_code` / `weights_only` only to keep them safe (transformers
-    and torch default to trust_remote_code=False and weights_only=True)."""
     root = Path(__file__).resolve().parents[2]
-    unsafe = re.compile(r"trust_remote_code\s*=\s*True|weights_only\s*=\s*False|pickle\.loads?\(")
-    found = [
-        f"{path.relative_to(root)}:{number}"
+    found = {
+        str(path.relative_to(root)): bad
         for folder in ("agent_core", "tasks", "flows")
         for path in (root / folder).rglob("*.py")
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if unsafe.search(line)
-    ]
-    assert found == []
+        if (bad := _unsafe_loads(path.read_text()))
+    }
+    assert found == {}
+    assert _unsafe_loads("AutoTokenizer.from_pretrained(p)\ntorch.load(p, weights_only=False)")
 
 
 @pytest.mark.parametrize(
