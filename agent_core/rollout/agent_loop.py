@@ -1,24 +1,21 @@
 """`AgentFunctionLoop`: rollouts of a user's own agent function (OpenAI SDK code) against the
 policy server on the current engine; every completion call is one step, episodes run
-concurrently so their calls batch, and a failing or hanging agent ends only its episode."""
+concurrently (each in a process of its own) so their calls batch, and a failing, hanging or
+spinning agent ends only its episode."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import openai
 
 from agent_core import progress
 from agent_core.envs.base import AgentEnv
 from agent_core.records import Step, Task
 from agent_core.registry import resolve
+from agent_core.rollout import agent_process
 from agent_core.rollout.engine import RolloutEngine
 from agent_core.rollout.loop import RolloutMeta, RolloutStats
 from agent_core.serving.episodes import FAILED_ENDS, EpisodeLog
@@ -48,7 +45,8 @@ class AgentFunctionLoop:
         settings: ServerSettings, timeout_s: float, max_calls: int,
     ) -> None:  # fmt: skip
         self.service = PolicyService(engine, tokenizer, settings)
-        self.agent, self.make_env = resolve_agent(agent), make_env
+        resolve_agent(agent)  # a wrong name fails here, before any episode starts
+        self.agent_name, self.make_env = agent, make_env
         self.timeout_s, self.max_calls = timeout_s, max_calls
 
     def run(
@@ -91,45 +89,35 @@ class AgentFunctionLoop:
         return await asyncio.gather(*jobs)
 
     async def _episode(self, url: str, ep: EpisodeLog) -> tuple[float, bool, dict[str, Any]]:
-        """(reward, success, info) of one episode; any failure of the agent is its own."""
+        """(reward, success, info) of one episode, played in a process of its own that is
+        killed at its deadline; any failure of the agent is its own."""
         try:
-            play = _in_daemon_thread(self._play, url, ep.task)
-            result = await asyncio.wait_for(play, self.timeout_s)
-            outcome = self._score(ep, result)
+            kind, result = await agent_process.play(self.agent_name, url, ep.task, self.timeout_s)
+            if kind == "error":
+                log.warning("agent failed on task %s: %s", ep.task.task_id, result)
+                outcome = 0.0, False, {"end": "agent_error", "agent_error": result}
+            elif kind == "returned":
+                error = f"the agent returned {result}; return a float or a str"
+                outcome = 0.0, False, {"end": "agent_error", "agent_error": error}
+            else:
+                outcome = self._score(ep, result)
         except TimeoutError:
             error = f"timed out after {self.timeout_s} s"
             outcome = 0.0, False, {"end": "timeout", "agent_error": error}
-        except Exception as exc:  # the agent's bug ends its episode, never the iteration
-            log.warning("agent failed on task %s: %r", ep.task.task_id, exc)
+        except Exception as exc:  # scoring the answer failed: still this episode's own
+            log.warning("episode of task %s failed: %r", ep.task.task_id, exc)
             outcome = 0.0, False, {"end": "agent_error", "agent_error": repr(exc)[:2000]}
         finally:
             ep.close()
             progress.advance("rollout")
         return _with_refusals(ep, outcome)
 
-    def _play(self, url: str, task: Task) -> Any:
-        """The agent's episode, on a thread of its own (an async agent on an event loop of its
-        own there): an agent that blocks or spins holds up no other episode, and its deadline
-        is kept by the rollout's loop, which it cannot block."""
-        options = {"base_url": url, "api_key": "steprl", "timeout": self.timeout_s,
-                   "max_retries": 0}  # fmt: skip
-        if not inspect.iscoroutinefunction(self.agent):
-            return self.agent(task, openai.OpenAI(**options))
-
-        async def play() -> Any:
-            async with openai.AsyncOpenAI(**options) as client:
-                return await self.agent(task, client)
-
-        return asyncio.run(play())
-
-    def _score(self, ep: EpisodeLog, result: Any) -> tuple[float, bool, dict[str, Any]]:
+    def _score(self, ep: EpisodeLog, result: float | str) -> tuple[float, bool, dict[str, Any]]:
         """A number is the reward; a string is the final answer, scored by the env's check."""
         if isinstance(result, bool | int | float):
             return float(result), float(result) > 0, {"end": "agent"}
-        if isinstance(result, str):
-            success = bool(self.make_env().is_success(result, ep.task))
-            return float(success), success, {"end": "answer", "answer": result}
-        raise TypeError(f"the agent returned {type(result).__name__}; return a float or a str")
+        success = bool(self.make_env().is_success(result, ep.task))
+        return float(success), success, {"end": "answer", "answer": result}
 
 
 def agent_function_loop(
@@ -163,27 +151,3 @@ def _with_refusals(
     if info["end"] in FAILED_ENDS:
         return reward, success, info
     return 0.0, False, {**info, "end": "refused"}
-
-
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """`fn(*args)` in a daemon thread of its own, as a future of the running loop: an agent
-    that hangs past its timeout is abandoned (its later calls are refused) without holding up
-    the iteration or the process's exit."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not future.done():
-            future.set_exception(error) if error else future.set_result(result)
-
-    def target() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
-        except BaseException as exc:  # delivered to the awaiting episode
-            outcome = (None, exc)
-        # once the rollout is over (loop closed) nobody waits any more
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, *outcome)
-
-    threading.Thread(target=target, daemon=True, name="agent-episode").start()
-    return future

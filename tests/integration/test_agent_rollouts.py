@@ -5,6 +5,10 @@ re-render is detected; a failing, hanging or malformed agent ends only its episo
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +27,12 @@ from agent_core.serving.service import PolicyService, ServerSettings
 from tests.integration.test_policy_server import RecordingEngine
 
 HERE = "tests.integration.test_agent_rollouts"
+
+
+def seed_of(task: Task) -> int:
+    """The episode's number in tests that run one episode per task (each episode's agent runs
+    in a process of its own, so a counter in the agent would not count)."""
+    return int(task.task_id.rsplit("-", 1)[1])
 
 
 @plugin("agent")
@@ -54,8 +64,8 @@ async def rewriting_agent(task: Task, client: openai.AsyncOpenAI) -> str:
 
 @plugin("agent")
 def flaky_agent(task: Task, client: openai.OpenAI) -> float:
-    """Episode 0 of each task raises, 1 hangs, 2 sends a malformed message, 3 works."""
-    index = flaky_agent.counter = getattr(flaky_agent, "counter", -1) + 1
+    """The episode of task 0 raises, 1 hangs, 2 sends a malformed message, 3 works."""
+    index = seed_of(task)
     kind = index % 4
     if kind == 2:
         messages = [{"role": "wizard", "content": "hi"}]
@@ -65,14 +75,14 @@ def flaky_agent(task: Task, client: openai.OpenAI) -> float:
     if kind == 0:
         raise RuntimeError("agent bug")
     if kind == 1:
-        time.sleep(30)
+        time.sleep(60)
     return 1.0
 
 
 @plugin("agent")
 def big_message_agent(task: Task, client: openai.OpenAI) -> float:
     """Episode 0 sends a 300 KB message, 1 one of 2000 characters; the others are fine."""
-    index = big_message_agent.counter = getattr(big_message_agent, "counter", -1) + 1
+    index = seed_of(task)
     text = {0: "x" * 300_000, 1: "y" * 2000}.get(index, task.prompt)
     messages = [{"role": "user", "content": text}]
     client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
@@ -83,7 +93,7 @@ def big_message_agent(task: Task, client: openai.OpenAI) -> float:
 def refusal_catching_agent(task: Task, client: openai.OpenAI) -> float:
     """Episode 0 calls until refused (409 past env.max_steps), 1 sends only a malformed call
     (400); both catch the refusal and claim success."""
-    index = refusal_catching_agent.counter = getattr(refusal_catching_agent, "counter", -1) + 1
+    index = seed_of(task)
     messages = [{"role": "user", "content": task.prompt}]
     if index == 1:
         messages.append({"role": "assistant", "tool_calls": "abc"})
@@ -98,12 +108,33 @@ def refusal_catching_agent(task: Task, client: openai.OpenAI) -> float:
 @plugin("agent")
 async def blocking_async_agent(task: Task, client: openai.AsyncOpenAI) -> float:
     """Async, but episode 0 blocks (a sync sleep) after its call; the others are fine."""
-    index = blocking_async_agent.counter = getattr(blocking_async_agent, "counter", -1) + 1
+    index = seed_of(task)
     messages = [{"role": "user", "content": task.prompt}]
     await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
     if index == 0:
-        time.sleep(30)
+        time.sleep(60)
     await client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
+    return 1.0
+
+
+SPIN_DIR = Path(tempfile.gettempdir()) / "steprl-test-spinning-agents"
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@plugin("agent")
+def spinning_agent(task: Task, client: openai.OpenAI) -> float:
+    """Leaves a busy-looping thread behind; episode 0 also spins itself past its deadline.
+    Each writes down the process it ran in."""
+    (SPIN_DIR / task.task_id).write_text(str(os.getpid()))
+    threading.Thread(target=_spin, daemon=True).start()
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=2)  # fmt: skip
+    if seed_of(task) == 0:
+        _spin()
     return 1.0
 
 
@@ -161,10 +192,10 @@ def test_rewritten_history_is_rendered_afresh(tiny_model_dir, engine) -> None:
 
 
 def test_failing_agents_end_only_their_episode(tiny_model_dir, engine) -> None:
-    cfg = agent_config(tiny_model_dir, "flaky_agent", "env.agent_timeout_s=3")
+    cfg = agent_config(tiny_model_dir, "flaky_agent", "env.agent_timeout_s=8")
     start = time.monotonic()
-    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=4, tasks=1)
-    assert time.monotonic() - start < 25  # the hanging agent did not hold the rollout
+    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=1, tasks=4)
+    assert time.monotonic() - start < 40  # the hanging agent did not hold the rollout
     by_episode = {}
     for step in steps:
         by_episode.setdefault(step.trajectory_id, []).append(step)
@@ -185,7 +216,7 @@ def test_one_episodes_huge_message_fails_only_that_episode(tiny_model_dir, engin
     cfg = agent_config(tiny_model_dir, "big_message_agent", "env.agent_timeout_s=60",
                        "rollout.max_prompt_tokens=1024")  # fmt: skip
     spy = RecordingEngine(engine)
-    steps, stats = run_agent(cfg, spy, group_size=4, tasks=1)
+    steps, stats = run_agent(cfg, spy, group_size=1, tasks=4)
     assert [s.info.get("agent_error") is None for s in steps] == [True] * 2
     assert stats.env_errors == 2 and stats.episodes == 4
     assert max(len(p) for prompts, _, _ in spy.calls for p in prompts) <= 1024
@@ -193,7 +224,7 @@ def test_one_episodes_huge_message_fails_only_that_episode(tiny_model_dir, engin
 
 def test_refused_calls_are_no_success_and_lost_episodes_are_told(tiny_model_dir, engine) -> None:
     cfg = agent_config(tiny_model_dir, "refusal_catching_agent", "env.max_steps=2")
-    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=2, tasks=1)
+    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=1, tasks=2)
     assert len(steps) == 2  # episode 0's two answered calls; episode 1 had none
     last = steps[-1].info
     assert last["end"] == "refused" and last["refused_calls"] == 1 and "2 calls" in last["refused"]
@@ -204,12 +235,30 @@ def test_refused_calls_are_no_success_and_lost_episodes_are_told(tiny_model_dir,
 
 
 def test_a_blocking_async_agent_stalls_only_its_own_episode(tiny_model_dir, engine) -> None:
-    cfg = agent_config(tiny_model_dir, "blocking_async_agent", "env.agent_timeout_s=4")
+    cfg = agent_config(tiny_model_dir, "blocking_async_agent", "env.agent_timeout_s=8")
     start = time.monotonic()
-    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=4, tasks=1)
-    assert time.monotonic() - start < 20  # not the 30 s it blocks
+    steps, stats = run_agent(cfg, RecordingEngine(engine), group_size=1, tasks=4)
+    assert time.monotonic() - start < 40  # not the 60 s it blocks
     assert stats.episode_ends == {"timeout": 1, "agent": 3}
     assert len(steps) == 7  # the blocked episode's first call, and 2 calls of each other one
+
+
+def test_nothing_of_an_episode_outlives_its_iteration(tiny_model_dir, engine) -> None:
+    """Busy-looping agents (and threads they leave behind) are gone with their iteration, so
+    the next iteration's well-behaved calls do not time out."""
+    shutil.rmtree(SPIN_DIR, ignore_errors=True)
+    SPIN_DIR.mkdir()
+    cfg = agent_config(tiny_model_dir, "spinning_agent", "env.agent_timeout_s=8")
+    _, stats = run_agent(cfg, RecordingEngine(engine), group_size=1, tasks=3)
+    assert stats.episode_ends == {"timeout": 1, "agent": 2}
+    pids = [int(f.read_text()) for f in SPIN_DIR.iterdir()]
+    assert len(pids) == 3 and os.getpid() not in pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    _, later = run_agent(agent_config(tiny_model_dir, "chat_agent", "env.agent_timeout_s=20"),
+                         RecordingEngine(engine), group_size=2, tasks=2)  # fmt: skip
+    assert later.episode_ends == {"agent": 4}
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:

@@ -1,0 +1,95 @@
+"""One agent-function episode in a process of its own (forked from a forkserver that imported
+the agent's module once), killed at its deadline: an agent that blocks, spins or leaves
+threads behind stalls no other episode, and nothing of it outlives its iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import multiprocessing
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+import openai
+
+from agent_core.records import Task
+from agent_core.registry import resolve
+
+KILL_WAIT_S = 5.0
+
+
+def _run_agent(agent: str, url: str, task: Task, timeout_s: float) -> Any:
+    fn = resolve("agent", agent, {})
+    options = {"base_url": url, "api_key": "steprl", "timeout": timeout_s, "max_retries": 0}
+    if not inspect.iscoroutinefunction(fn):
+        return fn(task, openai.OpenAI(**options))
+
+    async def play() -> Any:
+        async with openai.AsyncOpenAI(**options) as client:
+            return await fn(task, client)
+
+    return asyncio.run(play())
+
+
+def _child(
+    agent: str, url: str, task: Task, timeout_s: float, path: list[str], conn: Connection
+) -> None:
+    """The episode's process: the agent's result (a number or a string, else its type's name)
+    or its error, sent to the rollout."""
+    # the rollout may import the agent from folders it added to sys.path after the forkserver
+    # started (the server keeps the path it started with)
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    try:
+        result = _run_agent(agent, url, task, timeout_s)
+        plain = isinstance(result, bool | int | float | str)
+        message = ("ok", result) if plain else ("returned", type(result).__name__)
+    except BaseException as exc:  # SystemExit included: every way the agent fails is reported
+        message = ("error", repr(exc)[:2000])
+    conn.send(message)
+    conn.close()
+
+
+def _context(agent: str) -> multiprocessing.context.ForkServerContext:
+    """The forkserver context; its server (started on first use) imports the agent's module
+    and the OpenAI SDK once, so each episode's process starts in milliseconds. Forking the
+    rollout process itself is unsafe (its engine and server threads hold locks)."""
+    ctx = multiprocessing.get_context("forkserver")
+    # '__main__' too: each child would otherwise import the main module again on starting;
+    # the SDK's chat and completions resources are imported on a client's first call
+    sdk = ["openai", "openai.resources.chat.chat", "openai.resources.chat.completions",
+           "openai.resources.completions"]  # fmt: skip
+    ctx.set_forkserver_preload(["__main__", *sdk, agent.partition(":")[0]])
+    return ctx
+
+
+async def play(agent: str, url: str, task: Task, timeout_s: float) -> tuple[str, Any]:
+    """('ok', result), ('returned', a type name) or ('error', repr) of `agent` on `task`;
+    TimeoutError after `timeout_s`. The process is killed on the way out, whatever happened."""
+    ctx = _context(agent)
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=_child, args=(agent, url, task, timeout_s, list(sys.path), sender), daemon=True,
+        name=f"agent-{task.task_id}",
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, process.start)  # not on the loop: may start the server
+        sender.close()  # the child holds the only sending end: its exit ends the pipe
+        ready = loop.create_future()
+        loop.add_reader(receiver.fileno(), lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, timeout_s)
+        finally:
+            loop.remove_reader(receiver.fileno())
+        try:
+            return receiver.recv()
+        except EOFError:
+            return "error", f"the agent's process died (exit code {process.exitcode})"
+    finally:
+        receiver.close()
+        if process.pid is not None:
+            process.kill()
+            await loop.run_in_executor(None, process.join, KILL_WAIT_S)
+            if process.exitcode is not None:
+                process.close()
