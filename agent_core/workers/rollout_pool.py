@@ -1,6 +1,6 @@
 """`RolloutPool`: the run's rollout workers (Ray actors) as seen from the flow's process:
-shards placed round-robin, a dead or hung worker replaced and its shard redone, weights pushed
-to every worker after an update."""
+shards placed round-robin, a dead, stopped or hung worker replaced and its shard redone,
+weights pushed to every worker after an update."""
 
 from __future__ import annotations
 
