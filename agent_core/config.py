@@ -92,6 +92,11 @@ class DeploymentLimits(BaseModel):
         "the `make vllm-env` one when it existed as `steprl serve` started, and each "
         "`--allow-python`; none = rollout.engine=vllm is refused.",
     )
+    key_envs: tuple[str, ...] = Field(
+        (),
+        description="Environment variables a deployment run may send to a policy server as "
+        "its key (rollout.remote.api_key_env; `steprl serve --allow-key-env`); none = no key.",
+    )
 
 
 def deployment_limits() -> DeploymentLimits:

@@ -1,6 +1,7 @@
 """What a deployment run (Prefect UI, API, schedule) may name on this machine: the folders it
-reads and writes, the Python it starts vLLM with and that server's arguments, as the person
-starting `steprl serve` allowed; everything else is refused before it is opened or started.
+reads and writes, the Python it starts vLLM with and that server's arguments, the secrets and
+servers it reaches, as the person starting `steprl serve` allowed; everything else is refused
+before it is opened, started or sent.
 """
 
 from __future__ import annotations
@@ -108,6 +109,16 @@ def path_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str
     problems += [
         (f, m) for f, p, what in _write_fields(config) if (m := _write_problem(p, limits, what))
     ]
+    problems += _reach_problems(config, limits)
+    if config.rollout.engine == "vllm":
+        problems += _vllm_problems(config, limits)
+    return problems
+
+
+def _reach_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str, str]]:
+    """Settings that would send this machine's secrets or data elsewhere, take code back
+    from elsewhere, or run model-written code outside the full sandbox."""
+    problems = []
     if config.tracking.tracking_uri is not None:
         problems.append(
             (
@@ -116,8 +127,33 @@ def path_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str
                 "($MLFLOW_TRACKING_URI, with its credentials): leave it null",
             )
         )
-    if config.rollout.engine == "vllm":
-        problems += _vllm_problems(config, limits)
+    key = config.rollout.remote.api_key_env
+    if key and key not in limits.key_envs:
+        problems.append(
+            (
+                "rollout.remote.api_key_env",
+                f"{key!r}: a deployment run sends only the environment variables `steprl "
+                f"serve` allows to a server: restart it with `--allow-key-env {key}` to allow "
+                "it",
+            )
+        )
+    if config.ray.address not in ("", "auto"):  # another cluster's results come back pickled
+        problems.append(
+            (
+                "ray.address",
+                f"{config.ray.address!r}: a deployment run uses a Ray on this machine ('' or "
+                "'auto'); start runs on another cluster from the command line",
+            )
+        )
+    if config.env.tool_options.python.isolation != "namespaces":
+        problems.append(
+            (
+                "env.tool_options.python.isolation",
+                f"{config.env.tool_options.python.isolation!r}: a deployment run runs "
+                "model-written code in the 'namespaces' sandbox only; start runs at a weaker "
+                "level from the command line",
+            )
+        )
     return problems
 
 

@@ -130,6 +130,11 @@ def serve(
         help="A Python such runs may start vLLM with (rollout.vllm.python; repeatable); "
         "default: only .vllm-venv/bin/python when `make vllm-env` made it.",
     ),
+    allow_key_env: list[str] = typer.Option(
+        [],
+        help="An environment variable such runs may send to a policy server as its key "
+        "(rollout.remote.api_key_env; repeatable); default: none.",
+    ),
 ) -> None:
     """Start Prefect + MLflow servers, register deployments, run them until Ctrl-C."""
     from flows.serve import check_auth, deployment_limits_from, serve_forever
@@ -138,7 +143,7 @@ def serve(
         _config(name, [])
     try:
         check_auth(auth)
-        limits = deployment_limits_from(allow_module, data_root, allow_python)
+        limits = deployment_limits_from(allow_module, data_root, allow_python, allow_key_env)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

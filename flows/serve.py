@@ -302,11 +302,12 @@ def deployment_limits_from(
     allow_modules: Sequence[str],
     data_roots: Sequence[str | Path],
     allow_pythons: Sequence[str | Path] = (),
+    allow_key_envs: Sequence[str] = (),
 ) -> DeploymentLimits:
-    """The limits of `steprl serve --allow-module M --data-root DIR --allow-python EXE`, with
-    this folder's runs/ and .models/ and, when `make vllm-env` made it, .vllm-venv's Python;
-    refuses a module name that is no dotted name, a root that is no folder and a Python that
-    is no executable file."""
+    """The limits of `steprl serve --allow-module M --data-root DIR --allow-python EXE
+    --allow-key-env NAME`, with this folder's runs/ and .models/ and, when `make vllm-env`
+    made it, .vllm-venv's Python; refuses a module name that is no dotted name, a root that
+    is no folder, a Python that is no executable file and a variable name that is none."""
     for module in allow_modules:
         if not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(
@@ -322,12 +323,16 @@ def deployment_limits_from(
             raise ValueError(f"--allow-python {given}: not an executable file")
     if os.access(VLLM_ENV_PYTHON, os.X_OK):
         pythons.append(os.path.abspath(VLLM_ENV_PYTHON))
+    for name in allow_key_envs:
+        if not name.isidentifier():
+            raise ValueError(f"--allow-key-env {name!r}: give an environment variable's name")
     return DeploymentLimits(
         modules=tuple(allow_modules),
         data_roots=tuple(map(str, roots)),
         runs_root=str(Path("runs").resolve()),
         models_root=str(Path(".models").resolve()),
         pythons=tuple(dict.fromkeys(pythons)),
+        key_envs=tuple(allow_key_envs),
     )
 
 

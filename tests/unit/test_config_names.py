@@ -456,6 +456,38 @@ def test_serve_allows_its_vllm_env_python_and_each_allow_python(
     assert deployment_limits_from([], []).pythons == (str(venv),)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["rollout.remote.api_key_env=MLFLOW_TRACKING_PASSWORD"], "rollout.remote.api_key_env"),
+        (["ray.address=ray://elsewhere.example:10001"], "ray.address"),
+        (["ray.address=elsewhere.example:6379"], "ray.address"),
+        (["env.tool_options={python: {isolation: none}}"], "env.tool_options.python.isolation"),
+        (["env.tool_options={python: {isolation: uid}}"], "env.tool_options.python.isolation"),
+    ],
+)
+def test_a_deployment_run_sends_no_secret_and_takes_no_code_from_elsewhere(
+    overrides: list[str], field: str
+) -> None:
+    config = _unchecked(overrides)
+    assert config.model_dump() != _unchecked([]).model_dump()
+    with pytest.raises(ConfigError, match=rf"  {field}: "):
+        check_config(config, DeploymentLimits())
+
+
+def test_serve_allows_the_key_variables_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.serve import deployment_limits_from
+
+    monkeypatch.setenv("POLICY_KEY", "k" * 16)
+    config = _unchecked(["rollout.remote.api_key_env=POLICY_KEY"])
+    with pytest.raises(ConfigError, match="`--allow-key-env POLICY_KEY`"):
+        check_config(config, DeploymentLimits())
+    check_config(config, deployment_limits_from([], [], [], ["POLICY_KEY"]))
+    with pytest.raises(ValueError, match="--allow-key-env 'A=B': give an environment"):
+        deployment_limits_from([], [], [], ["A=B"])
+    check_config(_unchecked(["ray.address=auto"]), DeploymentLimits())
+
+
 def _unsafe_loads(source: str) -> list[str]:
     """The calls in `source` that could run code a model folder brings: a transformers
     `from_pretrained` without trust_remote_code=False (with None it asks on stdin, which a
