@@ -28,3 +28,21 @@ def test_an_iteration_that_lost_too_many_episodes_fails_loudly() -> None:
     with pytest.raises(RuntimeError, match=r"iteration 3: 4 of 8 agent episodes failed"):
         check_failed_share(SHARDS, 0.25, 3)
     check_failed_share([(8, {}, {})], 0.0, 3)
+
+
+def test_scoring_refuses_an_iteration_that_lost_too_many(tmp_path) -> None:
+    """The check sits in the score phase, before any row is read or trained on."""
+    from agent_core.config import load_config
+    from agent_core.iteration import RunHandle, ShardResult, score
+
+    cfg = load_config("smoke", ["env.agent_max_failed_share=0.25"])
+    run = RunHandle(run_dir=str(tmp_path), mlflow_run_id="r", base_model="m",
+                    start_iteration=1, iterations=1)  # fmt: skip
+    shards = [
+        ShardResult(iteration=2, shard=i, path=str(tmp_path / "missing.arrow"), episodes=n,
+                    steps=0, generate_calls=0, generated_tokens=0, prompt_tokens=0,
+                    generate_seconds=0.0, seconds=0.0, episode_ends=ends, lost_episodes=lost)
+        for i, (n, ends, lost) in enumerate(SHARDS)
+    ]  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"agent_max_failed_share=0\.25"):
+        score(cfg, run, 2, shards)
