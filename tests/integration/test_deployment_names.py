@@ -1,6 +1,7 @@
 """A run of a served deployment, created through the Prefect API as the UI form would, names
-command-running standard-library functions in every role and a task file outside the data
-roots: it is refused before anything is called, naming each field and how to allow it."""
+command-running standard-library functions in every role, a task file outside the data roots
+and a command as the Python that starts vLLM: it is refused before anything is called, naming
+each field and how to allow it."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ READY_S, RUN_S = 240, 300
 DIST_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
-def _attack(marker: str, outside: str) -> dict:
-    """The smoke config with a command that would create `marker` in every named role."""
+def _attack(marker: str, outside: str, python: str) -> dict:
+    """The smoke config with a command that would create `marker` in every named role and as
+    the Python of the vLLM server (`python`)."""
     config = load_config("smoke").model_dump(mode="json")
+    config["rollout"] |= {"engine": "vllm", "vllm": config["rollout"]["vllm"] | {"python": python}}
     touch = f"touch {marker}"
     config["env"] |= {
         "name": "os:system",
@@ -87,6 +90,9 @@ def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
     """`steprl serve --allow-module os`: `os:system` reaches the type check (not marked for
     any role), `subprocess:*` is refused before import, the task file before it is opened."""
     marker, outside = served.root / "marker", served.root / "elsewhere" / "qa.jsonl"
+    python = served.root / "python"
+    python.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {
         "PREFECT_API_URL": f"{served.services.prefect_url}/api",
         "MLFLOW_TRACKING_URI": served.services.mlflow_url,
@@ -103,7 +109,7 @@ def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
     api = f"{served.services.prefect_url}/api"
     try:
         deployment = _deployment_id(api, runner, log)
-        parameters = {"config": _attack(str(marker), str(outside))}
+        parameters = {"config": _attack(str(marker), str(outside), str(python))}
         created = _create_run(served, f"{api}/deployments/{deployment}/create_flow_run", parameters)
         state = _final_state(api, created["id"])
     finally:
@@ -123,4 +129,5 @@ def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
         assert f"{field} 'subprocess:run': module 'subprocess' is not allowed" in message
     assert "`--allow-module subprocess`" in message
     assert "env.tasks: path" in message and "`--data-root" in message, message
+    assert f"rollout.vllm.python: '{python}'" in message and "`--allow-python" in message
     assert not marker.exists()
