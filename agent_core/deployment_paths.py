@@ -104,7 +104,8 @@ def _write_fields(config: RunConfig) -> list[tuple[str, str, str]]:
 
 def path_problems(config: RunConfig, limits: DeploymentLimits) -> list[tuple[str, str]]:
     """(field, message) for each path outside the deployment run's folders, each setting
-    that would let it log elsewhere, and each vLLM setting `steprl serve` does not allow."""
+    that would reach outside the run (secrets, servers, a weaker sandbox) and each vLLM
+    setting `steprl serve` does not allow."""
     problems = [(f, m) for f, p in _read_fields(config) if (m := _read_problem(p, limits))]
     problems += [
         (f, m) for f, p, what in _write_fields(config) if (m := _write_problem(p, limits, what))
