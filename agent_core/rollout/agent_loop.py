@@ -123,11 +123,14 @@ class AgentFunctionLoop:
 def agent_function_loop(
     cfg: RunConfig, engine: RolloutEngine, make_env: Callable[[], AgentEnv], sampling: Any
 ) -> AgentFunctionLoop:
-    """The loop for `cfg.env.agent`, sampling as the native loop would (the run's temperature,
-    top_p and token budget override what the agent asks for)."""
+    """The loop for `cfg.env.agent`, sampling as the native loop would: the run's temperature
+    and top_p replace the agent's (the update recomputes log-probs at the run's temperature),
+    its seed is ignored, and the run's token budget is the most a call gets; a tighter
+    max_tokens and stop strings only cut a response short, so the agent's are kept."""
     settings = ServerSettings(
         default_max_tokens=sampling.max_new_tokens, max_tokens_limit=sampling.max_new_tokens,
-        temperature=sampling.temperature, top_p=sampling.top_p, tool_prompt=cfg.env.tool_prompt,
+        temperature=sampling.temperature, top_p=sampling.top_p, request_seeds=False,
+        tool_prompt=cfg.env.tool_prompt,
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
         # every episode of the iteration may have a call in progress; none may be told to retry
         max_concurrent_requests=AGENT_CONCURRENCY,

@@ -28,6 +28,7 @@ class Call:
     model: str
     start_ns: int  # wall-clock ns: the request arrived
     end_ns: int  # the reply was ready
+    sampling: dict[str, Any]  # what it was sampled with (service.sampling_record)
 
 
 @dataclass
@@ -61,11 +62,13 @@ class EpisodeLog:
         self.refusals.append(why[:500])
 
     def record(
-        self, turn: Turn, logprobs: list[float], mode: PromptMode, model: str, start_ns: int
-    ) -> None:
+        self, turn: Turn, logprobs: list[float], mode: PromptMode, model: str, start_ns: int,
+        sampling: dict[str, Any],
+    ) -> None:  # fmt: skip
         with self._lock:
             if not self.closed:  # a call answered after the end is not part of the episode
-                self.calls.append(Call(turn, logprobs, mode, model, start_ns, time.time_ns()))
+                now = time.time_ns()
+                self.calls.append(Call(turn, logprobs, mode, model, start_ns, now, sampling))
 
     def close(self) -> None:
         with self._lock:
@@ -97,6 +100,7 @@ class EpisodeLog:
             turn = call.turn
             step_info: dict[str, Any] = {"prompt": call.mode, "model": call.model, "role": role}
             step_info["timing"] = self._timing(call)
+            step_info["sampling"] = call.sampling
             step_info.update(info if last else {})
             feedback = _feedback(turn, calls[index + 1].turn) if not last else ""
             steps.append(Step(

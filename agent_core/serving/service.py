@@ -58,6 +58,11 @@ class ServerSettings(BaseModel):
         "trainer's, so stored log-probs are the ones the update recomputes).",
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Overrides every top_p.")
+    request_seeds: bool = Field(
+        True,
+        description="Whether a request's seed is used; agent rollouts: False (a seed an agent "
+        "fixes would repeat one draw across a group's episodes, leaving nothing to compare).",
+    )
     batch_window_s: float = Field(
         0.01, ge=0.0, description="How long the first request of a batch waits for others."
     )
@@ -108,9 +113,11 @@ class CallSink(Protocol):
         ...
 
     def record(
-        self, turn: Turn, logprobs: list[float], mode: PromptMode, model: str, start_ns: int
-    ) -> None:
-        """Keep one answered call (`start_ns`: when it arrived, wall-clock ns)."""
+        self, turn: Turn, logprobs: list[float], mode: PromptMode, model: str, start_ns: int,
+        sampling: dict[str, Any],
+    ) -> None:  # fmt: skip
+        """Keep one answered call (`start_ns`: when it arrived, wall-clock ns; `sampling`: the
+        settings it was sampled with, see `sampling_record`)."""
         ...
 
     def refuse(self, why: str) -> None:
@@ -177,8 +184,11 @@ class PolicyService:
             temperature=req.temperature if settings.temperature is None else settings.temperature,
             top_p=req.top_p if settings.top_p is None else settings.top_p,
             stop_strings=req.stop_strings(),
-            seed=req.seed or 0,
+            seed=(req.seed or 0) if settings.request_seeds else 0,
         )
+
+    def _seeded(self, req: ChatCompletionRequest | CompletionRequest) -> bool:
+        return req.seed is not None and self.settings.request_seeds
 
     def _text(self, gen: Generation, stops: tuple[str, ...]) -> tuple[str, str]:
         """(full decoded text, text cut at the first stop string)."""
@@ -201,7 +211,7 @@ class PolicyService:
             self.prompts.build, req.messages, tools, previous
         )
         self._check_prompts([prompt_ids], req.n)
-        gens = await self.batcher.generate([prompt_ids] * req.n, params, req.seed is not None)
+        gens = await self.batcher.generate([prompt_ids] * req.n, params, self._seeded(req))
         choices = []
         for index, gen in enumerate(gens):
             full, text = self._text(gen, params.stop_strings)
@@ -219,7 +229,8 @@ class PolicyService:
             ))  # fmt: skip
             if sink is not None and index == 0:  # the first choice continues the episode
                 turn = Turn(converted, tools, prompt_ids, gen.token_ids, full, message)
-                sink.record(turn, gen.logprobs, mode, req.model, start_ns)
+                sampling = sampling_record(req, params, self._seeded(req))
+                sink.record(turn, gen.logprobs, mode, req.model, start_ns, sampling)
         return ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=req.model,
             choices=choices, usage=_usage(prompt_ids, gens), prompt_token_ids=prompt_ids,
@@ -237,7 +248,7 @@ class PolicyService:
         prompts = await self._off_loop(_encode, self.tokenizer, given)
         self._check_prompts(prompts, req.n)
         batch = [p for p in prompts for _ in range(req.n)]
-        gens = await self.batcher.generate(batch, params, req.seed is not None)
+        gens = await self.batcher.generate(batch, params, self._seeded(req))
         choices = []
         for index, (prompt_ids, gen) in enumerate(zip(batch, gens, strict=True)):
             full, text = self._text(gen, params.stop_strings)
@@ -310,6 +321,26 @@ class PolicyService:
             return [[] for _ in token_ids]
         top = await self.batcher.exclusive(_top_k, model, prompt_ids, token_ids, temperature, k)
         return [[(self.tokenizer.decode([i]), lp) for i, lp in row] for row in top]
+
+
+def sampling_record(
+    req: ChatCompletionRequest, params: SamplingParams, seeded: bool
+) -> dict[str, Any]:
+    """What a call was sampled with (max_tokens, temperature, top_p, stop, and seed when the
+    request's was used) and, under "asked", the values the request sent that the server's
+    settings replaced (the run's, for agent rollouts)."""
+    used: dict[str, Any] = {
+        "max_tokens": params.max_new_tokens, "temperature": params.temperature,
+        "top_p": params.top_p, "stop": list(params.stop_strings),
+    }  # fmt: skip
+    if seeded:
+        used["seed"] = params.seed
+    sent = req.model_fields_set
+    given = {k: getattr(req, k) for k in ("temperature", "top_p", "seed") if k in sent}
+    if req.max_completion_tokens or req.max_tokens:
+        given["max_tokens"] = req.max_completion_tokens or req.max_tokens
+    asked = {k: v for k, v in given.items() if v is not None and v != used.get(k)}
+    return {**used, "asked": asked} if asked else used
 
 
 @torch.inference_mode()

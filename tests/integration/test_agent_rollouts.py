@@ -138,6 +138,16 @@ def spinning_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+@plugin("agent")
+def sampling_agent(task: Task, client: openai.OpenAI) -> float:
+    """Asks for its own sampling: more tokens than the run allows, then fewer, with a stop."""
+    messages = [{"role": "user", "content": task.prompt}]
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=100,
+                                   temperature=0.0, top_p=0.5, seed=7)  # fmt: skip
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=2, stop=["\n"])
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -181,6 +191,27 @@ def test_steps_are_the_engines_ids_and_calls_batch(tiny_model_dir, engine) -> No
     assert t0["generate_start_ns"] < t0["generate_end_ns"] == t0["env_start_ns"]
     assert t0["env_end_ns"] == t1["generate_start_ns"] < t1["generate_end_ns"] <= t1["env_end_ns"]
     assert stats.generate_calls == len(spy.calls) < len(steps)  # 4 concurrent episodes batch
+
+
+def test_the_runs_sampling_is_enforced_and_each_step_says_what_it_used(
+    tiny_model_dir, engine
+) -> None:
+    """Temperature, top_p and seed are the run's whatever the agent asks; its max_tokens is
+    capped at the run's budget, a tighter one and its stop strings are kept; each step's
+    info.sampling says what was used and, under "asked", what the run replaced."""
+    cfg = agent_config(tiny_model_dir, "sampling_agent", "rollout.temperature=0.9",
+                       "rollout.top_p=0.95")  # fmt: skip
+    spy = RecordingEngine(engine)
+    steps, stats = run_agent(cfg, spy, group_size=2, tasks=1)
+    assert stats.env_errors == 0 and len(steps) == 4
+    used = sorted((p.max_new_tokens, p.temperature, p.top_p, p.stop_strings, p.seed != 7)
+                  for _, p, _ in spy.calls)  # fmt: skip
+    assert set(used) == {(2, 0.9, 0.95, ("\n",), True), (8, 0.9, 0.95, (), True)}
+    first, second = steps[0].info["sampling"], steps[1].info["sampling"]
+    asked = {"max_tokens": 100, "temperature": 0.0, "top_p": 0.5, "seed": 7}
+    assert first == {"max_tokens": 8, "temperature": 0.9, "top_p": 0.95, "stop": [], "asked": asked}
+    assert second == {"max_tokens": 2, "temperature": 0.9, "top_p": 0.95, "stop": ["\n"]}
+    assert all(len(s.response_ids) <= s.info["sampling"]["max_tokens"] for s in steps)
 
 
 def test_rewritten_history_is_rendered_afresh(tiny_model_dir, engine) -> None:
