@@ -1,5 +1,5 @@
 """The MLflow server `steprl serve` starts: `mlflow server` itself, whose basic-auth app is
-served behind the per-client limit on failed logins (`flows.login_limit`).
+served behind the per-client limit on failed logins (`agent_core.serving.login_limit`).
 `python -m flows.mlflow_server <mlflow server options>`.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from flows.login_limit import FailedLoginLimit
+from agent_core.serving.login_limit import FailedLoginLimit
 
 LIMITED_APP = "flows.mlflow_server:limited_basic_auth_app"
 

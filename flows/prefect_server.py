@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from flows.login_limit import FailedLoginLimit
+from agent_core.serving.login_limit import FailedLoginLimit
 
 Scope = dict[str, Any]
 

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_core.serving.batcher import EngineError
 from agent_core.serving.gate import RequestGate, is_loopback, openai_error, server_names
+from agent_core.serving.login_limit import FailedLoginLimit
 from agent_core.serving.schema import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -47,6 +48,9 @@ def build_app(
         api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s, max_concurrent=settings.max_concurrent_requests,
     )  # fmt: skip
+    if settings.api_key or settings.reload_token:
+        # added last, so outermost: it counts the gate's and the reload route's 401s per client
+        app.add_middleware(FailedLoginLimit)
 
     # Starlette's own (unknown path, wrong method) as well as the routes' refusals
     @app.exception_handler(StarletteHTTPException)

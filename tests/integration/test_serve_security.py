@@ -118,7 +118,7 @@ def test_clients_started_by_serve_carry_the_auth(served_with_auth: Served) -> No
 def test_wrong_passwords_are_limited_per_client_on_both_servers(served_with_auth: Served) -> None:
     """From 127.0.0.2, MAX_FAILURES wrong passwords a server refuses (401); then that address
     gets 429 with Retry-After, even with the right password, while 127.0.0.1 still logs in."""
-    from flows.login_limit import MAX_FAILURES
+    from agent_core.serving.login_limit import MAX_FAILURES
 
     guesser = httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     services = served_with_auth.services

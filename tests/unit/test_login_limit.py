@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from flows.login_limit import MAX_FAILURES, WINDOW_S, FailedLoginLimit
+from agent_core.serving.login_limit import MAX_FAILURES, WINDOW_S, FailedLoginLimit
 
 
 class Clock:
@@ -65,7 +65,7 @@ def test_requests_without_credentials_and_good_logins_are_not_counted() -> None:
 
 
 def test_the_table_of_clients_stays_bounded() -> None:
-    from flows import login_limit
+    from agent_core.serving import login_limit
 
     gate = FailedLoginLimit(_app_answering(401, []), clock=Clock())
     for n in range(login_limit.MAX_CLIENTS + 50):

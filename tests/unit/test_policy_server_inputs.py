@@ -122,6 +122,26 @@ def test_api_key_is_required_when_set(tokenizer) -> None:
     assert anonymous.json()["error"]["code"] == "invalid_api_key" and right.status_code == 200
 
 
+def test_failed_logins_are_limited_per_client_when_a_key_is_set(tokenizer) -> None:
+    """After MAX_FAILURES wrong keys a client gets 429 even with the right key (its key never
+    reaches the gate until the window passes); a server without a key counts nothing."""
+    from agent_core.serving.login_limit import MAX_FAILURES
+
+    server, _ = _server(tokenizer, api_key="s3cret-key-for-tests")
+    right = {"Authorization": "Bearer s3cret-key-for-tests"}
+    with server, httpx.Client(base_url=server.base_url) as http:
+        wrong = [http.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code
+                 for _ in range(MAX_FAILURES)]  # fmt: skip
+        limited = http.get("/v1/models", headers=right)
+    assert wrong == [401] * MAX_FAILURES
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
+    open_server, _ = _server(tokenizer)
+    with open_server, httpx.Client(base_url=open_server.base_url) as http:
+        codes = {http.get("/v1/models", headers={"Authorization": "Bearer x"}).status_code
+                 for _ in range(MAX_FAILURES + 1)}  # fmt: skip
+    assert codes == {200}
+
+
 def test_big_and_slow_bodies_are_cut_off(tokenizer) -> None:
     server, _ = _server(tokenizer, max_body_bytes=10_000, body_timeout_s=0.5)
     with server, httpx.Client(base_url=server.base_url) as http:

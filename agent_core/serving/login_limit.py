@@ -1,4 +1,5 @@
-"""A per-client limit on failed logins, in front of both servers `steprl serve` starts: after
+"""A per-client limit on failed logins, in front of both servers `steprl serve` starts and of
+a policy server with an API key (`steprl serve-policy --api-key-env`): after
 `max_failures` refused credentials from one address within `window_s` seconds, that address is
 answered 429 (with Retry-After) without its credentials reaching the server, until the oldest
 of those failures is `window_s` old. Checking the password stays the server's own (both compare
