@@ -11,17 +11,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from agent_core.serving.gate import hostname
 from agent_core.serving.login_limit import FailedLoginLimit
 
 Scope = dict[str, Any]
-
-
-def _hostname(host_header: str) -> str:
-    """'Example.org:4200' -> 'example.org'; '[::1]:4200' -> '::1'."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class SameOriginGate:
@@ -37,7 +30,7 @@ class SameOriginGate:
     def refusal(self, scope: Scope) -> str | None:
         """Why this request is refused, or None."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if _hostname(headers.get("host", "")) not in self.hosts:
+        if hostname(headers.get("host", "")) not in self.hosts:
             return f"Host header {headers.get('host')!r} is not one of this server's names"
         origin = headers.get("origin")
         if origin is not None and origin.lower().rstrip("/") not in self.origins:

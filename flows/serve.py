@@ -25,12 +25,11 @@ from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary
 
 from agent_core.config import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
 from agent_core.deployment_paths import read_roots, write_roots
+from agent_core.serving.gate import LOOPBACK_NAMES, WILDCARD_BINDS, is_loopback, server_names
 from flows.evaluate import evaluate
 from flows.train import train
 
 HEALTH_TIMEOUT_S = 90
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-WILDCARD_BINDS = ("0.0.0.0", "::", "")
 AUTH_ENV = "STEPRL_SERVE_AUTH"
 MIN_PASSWORD_CHARS = 12
 VLLM_ENV_PYTHON = ".vllm-venv/bin/python"  # what `make vllm-env` creates
@@ -110,19 +109,6 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a bind address only accepts connections from this machine."""
-    return host in LOOPBACK_NAMES or host.startswith("127.")
-
-
-def server_names(host: str, extra: Sequence[str] = ()) -> list[str]:
-    """The names the servers answer to (each request's Host header must be one): the loopback
-    names, the bind address (this machine's names for a wildcard bind) and `extra`."""
-    names = [*LOOPBACK_NAMES]
-    names += [socket.gethostname(), socket.getfqdn()] if host in WILDCARD_BINDS else [host]
-    return list(dict.fromkeys(n.lower() for n in [*names, *extra] if n))
 
 
 def _url_host(name: str) -> str:
