@@ -6,10 +6,14 @@ is exactly what the policy update recomputes; nucleus filtering changes sampling
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 FinishReason = Literal["eos", "stop", "length"]
+# (prompt rows, the token each sampled at this step, its log-prob): called by an engine that
+# streams, once per decoding step, from the thread that generates
+StepCallback = Callable[[list[int], list[int], list[float]], None]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from agent_core.rollout.engine import FinishReason, Generation, SamplingParams
+from agent_core.rollout.engine import FinishReason, Generation, SamplingParams, StepCallback
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SAMPLE_ROWS = 8  # rows sampled together (8 x 49k float32 logits fit in L2)
@@ -574,12 +574,15 @@ class HFRolloutEngine:
             self.policy_version = policy_version
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one response per prompt with one forward per decoding step over all of them."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_step: StepCallback | None = None
+    ) -> list[Generation]:
+        """Sample one response per prompt with one forward per decoding step over all of them;
+        `on_step` sees each step's new tokens as they are sampled (streaming servers)."""
         if not prompts:
             return []
         with self._lock, self._threads():
-            return self._generate(prompts, params)
+            return self._generate(prompts, params, on_step)
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
@@ -591,7 +594,9 @@ class HFRolloutEngine:
         finally:
             torch.set_num_threads(before)
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_step: StepCallback | None
+    ) -> list[Generation]:
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         unique, rows = _plan(prompts)
         try:
@@ -601,13 +606,14 @@ class HFRolloutEngine:
                 index = torch.tensor(rows, device=self.device)
                 self.backend.select(index)
                 logits = logits[index]
-            return self._decode(logits, len(prompts), params, generator)
+            return self._decode(logits, len(prompts), params, generator, on_step)
         finally:
             self.backend.release()
 
     def _decode(
-        self, logits: torch.Tensor, n: int, params: SamplingParams, generator: torch.Generator
-    ) -> list[Generation]:
+        self, logits: torch.Tensor, n: int, params: SamplingParams, generator: torch.Generator,
+        on_step: StepCallback | None = None,
+    ) -> list[Generation]:  # fmt: skip
         out_tokens = torch.zeros((n, params.max_new_tokens), dtype=torch.long)
         out_logps = torch.zeros((n, params.max_new_tokens), dtype=torch.float32)
         lengths = [params.max_new_tokens] * n
@@ -616,6 +622,8 @@ class HFRolloutEngine:
         for step in range(params.max_new_tokens):
             new, new_lp = sample_tokens(logits, params.temperature, params.top_p, generator)
             out_tokens[live, step], out_logps[live, step] = new.cpu(), new_lp.cpu()
+            if on_step is not None:
+                on_step(live.tolist(), new.tolist(), new_lp.tolist())
             done = self._finished(out_tokens, live, step, params.stop_strings, reasons)
             for row in done:
                 lengths[int(live[row])] = step + 1

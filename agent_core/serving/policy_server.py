@@ -4,10 +4,10 @@ checkpoint folder), and a uvicorn server in a thread."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,12 +22,18 @@ from agent_core.serving.batcher import EngineError
 from agent_core.serving.gate import RequestGate, is_loopback, openai_error, server_names
 from agent_core.serving.login_limit import FailedLoginLimit
 from agent_core.serving.schema import (
-    ChatCompletion,
     ChatCompletionRequest,
     CompletionRequest,
     ReloadRequest,
 )
 from agent_core.serving.service import CallSink, PolicyService, ServerSettings
+from agent_core.serving.streaming import (
+    TextStream,
+    TextStreams,
+    TokenStream,
+    chat_events,
+    completion_events,
+)
 
 if TYPE_CHECKING:
     from agent_core.config import RunConfig
@@ -71,9 +77,14 @@ def build_app(
 
     async def chat(req: ChatCompletionRequest, sink: CallSink | None) -> Any:
         try:
-            if req.stream:  # decoded as a whole, then sent as one chunk per choice
-                done = await service.chat(req.model_copy(update={"stream": False}), sink)
-                return StreamingResponse(_sse(done), media_type="text/event-stream")
+            if req.stream:
+                stream = await TokenStream(lambda on: service.chat(req, sink, on)).start()
+                return _stream_response(stream, chat_events(
+                    stream, req.n,
+                    _texts(service, req, bool(req.tools) and req.tool_choice != "none"),
+                    _head(req, "chatcmpl", "chat.completion.chunk"),
+                    req.logprobs and not req.top_logprobs, req.include_usage(),
+                ))  # fmt: skip
             return (await service.chat(req, sink)).model_dump()
         except PermissionError as exc:
             raise HTTPException(409, str(exc)) from None
@@ -93,8 +104,14 @@ def build_app(
         return await chat(req, sink_of(episode_id))
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    async def completions(req: CompletionRequest) -> Any:
         try:
+            if req.stream:
+                stream = await TokenStream(lambda on: service.complete(req, on)).start()
+                return _stream_response(stream, completion_events(
+                    stream, _texts(service, req, False), _head(req, "cmpl", "text_completion"),
+                    req.logprobs == 0, req.include_usage(),
+                ))  # fmt: skip
             return (await service.complete(req)).model_dump()
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
@@ -127,24 +144,29 @@ def build_app(
     return app
 
 
-async def _sse(done: ChatCompletion) -> AsyncIterator[str]:
-    """`done` as OpenAI chat-completion chunks (server-sent events): per choice, one delta with
-    the whole message, then one with its finish reason and steprl's token ids; then [DONE]."""
-    head = {"id": done.id, "object": "chat.completion.chunk", "created": done.created,
-            "model": done.model}  # fmt: skip
-    for choice in done.choices:
-        delta = {k: v for k, v in choice.message.items() if v is not None}
-        for index, call in enumerate(delta.get("tool_calls", [])):
-            call["index"] = index
-        chunks = [
-            {"index": choice.index, "delta": delta, "finish_reason": None},
-            {"index": choice.index, "delta": {}, "finish_reason": choice.finish_reason,
-             "token_ids": choice.token_ids, "token_logprobs": choice.token_logprobs},
-        ]  # fmt: skip
-        for chunk in chunks:
-            body = {**head, "choices": [chunk], "prompt_token_ids": done.prompt_token_ids}
-            yield f"data: {json.dumps(body)}\n\n"
-    yield "data: [DONE]\n\n"
+def _head(req: ChatCompletionRequest | CompletionRequest, prefix: str, kind: str) -> dict:
+    """The id, object, created and model every chunk of one streamed answer carries."""
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+            "model": req.model}  # fmt: skip
+
+
+def _texts(
+    service: PolicyService, req: ChatCompletionRequest | CompletionRequest, tools_on: bool
+) -> TextStreams:
+    return TextStreams(lambda: TextStream(service.tokenizer, req.stop_strings(), tools_on))
+
+
+def _stream_response(stream: TokenStream, events: AsyncIterator[str]) -> StreamingResponse:
+    """Server-sent `events`; a client that goes away stops the call's wait, not the engine."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            stream.cancel()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

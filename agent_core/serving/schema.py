@@ -21,8 +21,14 @@ class _Request(BaseModel):
     n: int = Field(1, ge=1, le=16, description="Responses per prompt.")
     seed: int | None = Field(None, ge=0, description="Sampling seed (see RequestBatcher).")
     stream: bool = Field(
-        False, description="Chat only: the reply comes as chunks, each choice in one piece."
+        False, description="The reply comes as server-sent chunks, as its tokens are sampled."
     )
+    stream_options: dict[str, Any] | None = Field(
+        None, description="With stream: {'include_usage': true} adds a last chunk with usage."
+    )
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
-from agent_core.serving.batcher import RequestBatcher
+from agent_core.serving.batcher import RequestBatcher, TokenCallback
 from agent_core.serving.chat import (
     ChatPrompts,
     PromptMode,
@@ -175,8 +175,6 @@ class PolicyService:
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
 
     def _params(self, req: ChatCompletionRequest | CompletionRequest, cap: int | None) -> Any:
-        if req.stream:
-            raise ValueError("stream=true is supported for chat completions only")
         max_tokens = cap or req.max_tokens or self.settings.default_max_tokens
         settings = self.settings
         return SamplingParams(
@@ -196,8 +194,12 @@ class PolicyService:
         cuts = [full.find(s) for s in stops if s and s in full]
         return full, full[: min(cuts)] if cuts else full
 
-    async def chat(self, req: ChatCompletionRequest, sink: CallSink | None) -> ChatCompletion:
-        """Answer one chat call (n choices); with a `sink`, the call is one step of its episode."""
+    async def chat(
+        self, req: ChatCompletionRequest, sink: CallSink | None,
+        on_tokens: TokenCallback | None = None,
+    ) -> ChatCompletion:  # fmt: skip
+        """Answer one chat call (n choices); with a `sink`, the call is one step of its episode;
+        `on_tokens` sees (choice, token id, log-prob) as they are sampled (streaming)."""
         start_ns = time.time_ns()
         params = self._params(req, req.max_completion_tokens or req.max_tokens)
         if sink is not None:
@@ -211,7 +213,9 @@ class PolicyService:
             self.prompts.build, req.messages, tools, previous
         )
         self._check_prompts([prompt_ids], req.n)
-        gens = await self.batcher.generate([prompt_ids] * req.n, params, self._seeded(req))
+        gens = await self.batcher.generate(
+            [prompt_ids] * req.n, params, self._seeded(req), on_tokens
+        )
         choices = []
         for index, gen in enumerate(gens):
             full, text = self._text(gen, params.stop_strings)
@@ -237,8 +241,11 @@ class PolicyService:
             policy_version=self.engine.policy_version, steprl={"prompt": mode},
         )  # fmt: skip
 
-    async def complete(self, req: CompletionRequest) -> Completion:
-        """Answer a plain completion request: one or more prompts, n choices each."""
+    async def complete(
+        self, req: CompletionRequest, on_tokens: TokenCallback | None = None
+    ) -> Completion:
+        """Answer a plain completion request: one or more prompts, n choices each; `on_tokens`
+        sees (choice, token id, log-prob) as they are sampled (streaming)."""
         if req.echo:
             raise ValueError("echo=true is not supported")
         params = self._params(req, req.max_tokens or 16)
@@ -248,7 +255,7 @@ class PolicyService:
         prompts = await self._off_loop(_encode, self.tokenizer, given)
         self._check_prompts(prompts, req.n)
         batch = [p for p in prompts for _ in range(req.n)]
-        gens = await self.batcher.generate(batch, params, self._seeded(req))
+        gens = await self.batcher.generate(batch, params, self._seeded(req), on_tokens)
         choices = []
         for index, (prompt_ids, gen) in enumerate(zip(batch, gens, strict=True)):
             full, text = self._text(gen, params.stop_strings)

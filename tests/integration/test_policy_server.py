@@ -218,8 +218,6 @@ def test_malformed_requests_are_told_why(tiny_tokenizer) -> None:
         api = client(server)
         with pytest.raises(openai.BadRequestError, match="each message needs a role"):
             api.chat.completions.create(model="policy", messages=[{"role": "wizard"}])
-        with pytest.raises(openai.BadRequestError, match="chat completions only"):
-            api.completions.create(model="policy", prompt="x", stream=True)
     assert scripted.prompts == []  # nothing reached the engine
 
 
@@ -235,7 +233,25 @@ def test_streamed_chat_carries_the_whole_reply(tiny_tokenizer) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in plain) == "Sure."
     assert plain[-1].choices[0].finish_reason == "stop"
     assert plain[-1].choices[0].model_extra["token_ids"][:-1] == tiny_tokenizer.encode("Sure.")
-    [tool_call] = tools[0].choices[0].delta.tool_calls
+    assert "".join(c.choices[0].delta.content or "" for c in tools) == "Let me see."
+    [tool_call] = tools[-1].choices[0].delta.tool_calls
     assert tool_call.function.name == "calculator" and tools[-1].choices[0].finish_reason == (
         "tool_calls"
     )
+
+
+def test_streamed_tokens_are_the_engines(engine: HFRolloutEngine) -> None:
+    """The real engine streams per decoding step: the per-token log-probs of the chunks are the
+    ids' log-probs of the last chunk, and the usage chunk counts them."""
+    server, _ = serve(engine, engine.tokenizer)
+    with server:
+        chunks = list(client(server).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], stream=True,
+            logprobs=True, max_tokens=12, temperature=1.0,
+            stream_options={"include_usage": True},
+        ))  # fmt: skip
+    last = chunks[-2].choices[0].model_extra
+    streamed = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]  # fmt: skip
+    assert streamed == pytest.approx(last["token_logprobs"])
+    assert chunks[-1].usage.completion_tokens == len(last["token_ids"]) == len(streamed)
