@@ -549,10 +549,14 @@ class TrainerSection(Section):
         description="Dual clip (verl): for negative advantages the loss is capped at "
         "-A * clip_ratio_c, e.g. 3.0; None = off.",
     )
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean"
+    ] = Field(
         "token-mean",
         description="How per-token losses reduce to a scalar over a mini-batch: mean over all "
-        "response tokens, or mean over steps of each step's token sum / token mean.",
+        "response tokens; mean over steps of each step's token sum / token mean; or "
+        "traj-mean-token-mean: mean over trajectories (all steps of one episode) of each "
+        "trajectory's token mean, so a 6-step failure weighs what a 1-step success weighs.",
     )
     kl_loss_coef: float = Field(
         0.0,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean")
 
 # exp() of a log-ratio beyond this overflows or dominates the loss; verl clamps the same way
 MAX_LOG_RATIO = 20.0
@@ -76,18 +76,31 @@ def aggregate(
     token_count: float | None = None,
     seq_count: float | None = None,
     segments: torch.Tensor | None = None,
+    traj_tokens: torch.Tensor | None = None,
+    traj_count: float | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values [B, L] (mask [B, L], 1 = counts) to a scalar.
 
     "token-mean": sum over masked tokens / `token_count` (default: this call's masked tokens).
     "seq-mean-token-sum": per-sequence token sums, / `seq_count` (default: this call's
     non-empty sequences). "seq-mean-token-mean": per-sequence token means, / `seq_count`.
-    Pass the whole mini-batch's count as the denominator when micro-batches accumulate, so
-    their summed gradients equal the mini-batch's. `segments`: see `_sequence_sums`.
+    "traj-mean-token-mean": each token weighs 1 / (its trajectory's token count), so every
+    trajectory sums to 1 whatever its steps and tokens; / `traj_count`. `traj_tokens` [B, L]:
+    each token's trajectory's token count over the whole update (default: each row is one
+    trajectory, as a packed row is); `traj_count` default: the sum of those weights here
+    (= the trajectories here when they are whole). Pass the whole mini-batch's count as the
+    denominator when micro-batches accumulate, so their summed gradients equal the
+    mini-batch's. `segments`: see `_sequence_sums`.
     """
     if mode == "token-mean":
         denominator = token_count if token_count is not None else mask.sum().clamp(min=1)
         return (token_values * mask).sum() / denominator
+    if mode == "traj-mean-token-mean":
+        if traj_tokens is None:
+            traj_tokens = mask.sum(-1, keepdim=True).expand_as(mask)
+        weights = mask / traj_tokens.clamp(min=1)
+        denominator = traj_count if traj_count is not None else weights.sum().clamp(min=1e-12)
+        return (token_values * weights).sum() / denominator
     if mode not in AGG_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}: choose one of {', '.join(AGG_MODES)}")
     sums, counts = _sequence_sums(token_values, mask, segments)
@@ -120,6 +133,8 @@ def clipped_policy_loss(
     mode: str = "token-mean",
     seq_count: float | None = None,
     segments: torch.Tensor | None = None,
+    traj_tokens: torch.Tensor | None = None,
+    traj_count: float | None = None,
 ) -> PolicyLossOutput:
     """PPO/GRPO clipped importance-ratio loss over response tokens.
 
@@ -127,7 +142,7 @@ def clipped_policy_loss(
     step row, broadcast over its tokens) or [B, L] (per token, e.g. packed steps). Per token:
     max(-A r, -A clip(r, 1 - clip_eps, 1 + clip_eps_high)) with clip_eps_high = clip_eps by
     default; `clip_ratio_c` (> 1, e.g. 3) adds verl's dual clip: for A < 0 the loss is capped
-    at -A * clip_ratio_c. Aggregated by `aggregate(mode, token_count, seq_count, segments)`.
+    at -A * clip_ratio_c. Aggregated by `aggregate` with the same mode and counts.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (got {clip_ratio_c}); e.g. 3.0")
@@ -143,7 +158,9 @@ def clipped_policy_loss(
         capped = torch.minimum(per_token, -adv * clip_ratio_c)
         dual = (adv < 0) & (capped < per_token)
         per_token = torch.where(adv < 0, capped, per_token)
-    loss = aggregate(per_token, mask, mode, token_count, seq_count, segments)
+    loss = aggregate(
+        per_token, mask, mode, token_count, seq_count, segments, traj_tokens, traj_count
+    )
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).float(), mask).item()
         approx_kl = masked_mean(0.5 * log_ratio**2, mask).item()

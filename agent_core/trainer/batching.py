@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -33,6 +33,27 @@ class TrainRow:
     value: float = 0.0
     trajectory_id: str = ""
     step_index: int = 0
+    # response tokens of all of this row's trajectory's rows in the update (the weight unit of
+    # traj-mean-token-mean); 0 = not counted: the row is taken as its own trajectory
+    trajectory_tokens: int = 0
+
+
+def with_trajectory_tokens(rows: list[TrainRow]) -> list[TrainRow]:
+    """`rows` with `trajectory_tokens` set: the response tokens of each trajectory's rows."""
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row.trajectory_id] = totals.get(row.trajectory_id, 0) + len(row.response_ids)
+    return [replace(r, trajectory_tokens=totals[r.trajectory_id]) for r in rows]
+
+
+def trajectory_mass(rows: list[TrainRow], indices: Sequence[int]) -> float:
+    """How many trajectories the rows `indices` make up, each row counting its share of its
+    trajectory's tokens: the traj-mean-token-mean denominator of a mini-batch holding them."""
+    return sum(len(rows[i].response_ids) / _trajectory_tokens(rows[i]) for i in indices)
+
+
+def _trajectory_tokens(row: TrainRow) -> int:
+    return max(row.trajectory_tokens, len(row.response_ids), 1)
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,8 @@ class MicroBatch:
     tree, a boolean [1, 1, L, L] (position i attends to j when j is i or one of its ancestors).
     token_pos: [N, 2] (sequence, position) whose logits predict response token `targets` [N];
     token_step: [N] the step (0..S-1) each token belongs to; old_logprobs: [N].
-    value_pos: [S, 2] each step's last prompt token; advantages, returns, old_values: [S].
+    value_pos: [S, 2] each step's last prompt token; advantages, returns, old_values: [S];
+    traj_tokens: [S] the response tokens of each step's trajectory (`TrainRow.trajectory_tokens`).
     """
 
     input_ids: torch.Tensor
@@ -108,6 +130,7 @@ class MicroBatch:
     advantages: torch.Tensor
     returns: torch.Tensor
     old_values: torch.Tensor
+    traj_tokens: torch.Tensor
 
     @property
     def response_tokens(self) -> int:
@@ -215,6 +238,7 @@ def _micro_batch(
         advantages=floats([r.advantage for r in step_rows]),
         returns=floats([r.return_ for r in step_rows]),
         old_values=floats([r.value for r in step_rows]),
+        traj_tokens=floats([_trajectory_tokens(r) for r in step_rows]),
     )
 
 

@@ -28,7 +28,9 @@ from agent_core.trainer.batching import (
     collate,
     collate_tree,
     plan_minibatches,
+    trajectory_mass,
     tree_microbatches,
+    with_trajectory_tokens,
 )
 from agent_core.trainer.distributed import (
     init_process_group,
@@ -232,7 +234,7 @@ class PolicyTrainer:
         start = time.perf_counter()
         epochs = self.cfg.epochs if epochs is None else epochs
         metrics = UpdateMetrics(rows=len(rows))
-        rows = rows if self._sft else self._train_rows(rows, metrics)
+        rows = with_trajectory_tokens(rows if self._sft else self._train_rows(rows, metrics))
         metrics.recompute_seconds = time.perf_counter() - start
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
         metrics.sequences, metrics.packed_trajectories = len(sequences), packed
@@ -300,12 +302,15 @@ class PolicyTrainer:
         skip the step when the gradient is not finite). Returns micro-batches processed."""
         micros = [[sequences[i] for i in micro] for micro in mini]
         token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
-        step_count = sum(len(q.spans) for seqs in micros for q in seqs)
+        step_rows = [i for seqs in micros for q in seqs for i, _, _ in q.spans]
+        step_count, traj_count = len(step_rows), trajectory_mass(rows, step_rows)
         done = 0
         for seqs, counts in self._rank_share(micros):
             batch = self._collate(seqs, rows)
             try:
-                parts = self._micro_backward(batch, token_count, step_count, weight=float(counts))
+                parts = self._micro_backward(
+                    batch, token_count, step_count, float(counts), traj_count
+                )
             except FloatingPointError:
                 metrics.nonfinite_losses += int(counts)  # this micro-batch adds no gradient
                 continue
@@ -355,14 +360,22 @@ class PolicyTrainer:
         self.engine.backward(loss * (weight * self.world), scale_wrt_gas=False)
 
     def _micro_backward(
-        self, batch: MicroBatch, token_count: int, step_count: int, weight: float = 1.0
+        self,
+        batch: MicroBatch,
+        token_count: int,
+        step_count: int,
+        weight: float = 1.0,
+        traj_count: float | None = None,
     ) -> dict[str, float]:
-        """Loss of one micro-batch, scaled so micro-batches sum to the mini-batch aggregate."""
+        """Loss of one micro-batch, scaled so micro-batches sum to the mini-batch aggregate
+        (its token, step and trajectory counts; see `aggregate`)."""
         if self._sft:
             return self._sft_backward(batch, token_count, weight)
         cfg = self.cfg
         logp, logp_all, values = self._logprobs(self.engine, batch, with_values=cfg.value_head)
-        agg = {"mode": cfg.loss_agg_mode, "token_count": token_count, "seq_count": step_count}
+        agg = {"mode": cfg.loss_agg_mode, "token_count": token_count, "seq_count": step_count,
+               "traj_tokens": _flat(batch.traj_tokens[batch.token_step]),
+               "traj_count": traj_count}  # fmt: skip
         segments = _flat(batch.token_step)
         ones = torch.ones_like(_flat(logp))
         pg = clipped_policy_loss(

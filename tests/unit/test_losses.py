@@ -175,6 +175,7 @@ def test_two_micro_batches_accumulate_to_one_batch(mode: str) -> None:
             0.2,
             token_count=tokens,
             seq_count=seqs,
+            traj_count=seqs,  # each row is its own trajectory here
             mode=mode,
             clip_ratio_c=3.0,
         ).loss
@@ -183,6 +184,88 @@ def test_two_micro_batches_accumulate_to_one_batch(mode: str) -> None:
         acc_grad[rows] = part.grad
     assert total == pytest.approx(full.item(), abs=1e-12)
     torch.testing.assert_close(acc_grad, full_grad)
+
+
+# Three trajectories of 1, 2 and 4 steps, laid out as the trainer does: one flat row of response
+# tokens, each token with its step and its trajectory's token count. Step token counts:
+# a: [2]; b: [3, 1]; c: [1, 2, 1, 4] -> a has 2 tokens, b 4, c 8.
+TRAJ_STEPS = {"a": [2], "b": [3, 1], "c": [1, 2, 1, 4]}
+
+
+def _three_trajectories() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """(values [1, 16], step of each token [1, 16], trajectory tokens [1, 16], trajectory
+    of each step); token i has the value i + 1."""
+    steps, traj_tokens, owners = [], [], []
+    for name, lengths in TRAJ_STEPS.items():
+        for n in lengths:
+            steps += [len(owners)] * n
+            traj_tokens += [sum(lengths)] * n
+            owners.append(name)
+    values = torch.arange(1.0, len(steps) + 1, dtype=F64)[None]
+    return values, torch.tensor([steps]), torch.tensor([traj_tokens], dtype=F64), owners
+
+
+def test_traj_mean_token_mean_hand_computation() -> None:
+    values, steps, traj_tokens, _ = _three_trajectories()
+    mask = torch.ones_like(values)
+    got = aggregate(values, mask, "traj-mean-token-mean", traj_tokens=traj_tokens)
+    # a: tokens 1, 2; b: 3..6; c: 7..14 -> token means 1.5, 4.5, 10.5; each trajectory 1/3
+    assert got.item() == pytest.approx((1.5 + 4.5 + 10.5) / 3)
+    # token-mean weighs c (8 tokens) four times a (2 tokens): mean of 1..14 = 7.5
+    assert aggregate(values, mask, "token-mean").item() == pytest.approx(7.5)
+    # the steps' token means, each step 1/7: c's four steps weigh 4/7
+    step_means = [1.5, 4.0, 6.0, 7.0, 8.5, 10.0, 12.5]
+    got = aggregate(values, mask, "seq-mean-token-mean", segments=steps)
+    assert got.item() == pytest.approx(sum(step_means) / 7)
+
+
+def _agent_r1_trajectory_loss(values, steps, owners) -> float:
+    """Agent-R1's trajectory mode (advantages pre-scaled for verl's seq-mean-token-sum):
+    (1 / N_traj) sum_T (1 / |T| steps) sum_{step in T} (token sum of the step)."""
+    step_sums = torch.zeros(len(owners), dtype=F64).index_add(0, steps[0], values[0])
+    per_traj = {}
+    for name in TRAJ_STEPS:
+        mine = [step_sums[k].item() for k, owner in enumerate(owners) if owner == name]
+        per_traj[name] = sum(mine) / len(mine)
+    return sum(per_traj.values()) / len(per_traj)
+
+
+def test_traj_mean_token_mean_vs_agent_r1_trajectory_mode() -> None:
+    """Both give each trajectory the same weight whatever its steps; Agent-R1 sums a step's
+    tokens, so a trajectory weighs its mean step length, and steprl's mode weighs each
+    trajectory 1 whatever its tokens: equal up to a constant when every step has c tokens."""
+    values, steps, traj_tokens, owners = _three_trajectories()
+    mask = torch.ones_like(values)
+    ours = aggregate(values, mask, "traj-mean-token-mean", traj_tokens=traj_tokens).item()
+    theirs = _agent_r1_trajectory_loss(values, steps, owners)
+    assert theirs == pytest.approx((1.5 * 2 / 1 + 4.5 * 4 / 2 + 10.5 * 8 / 4) / 3)
+    assert ours != pytest.approx(theirs)
+    c = 3  # every step 3 tokens: Agent-R1's loss = c * steprl's
+    owners = [name for name, lengths in TRAJ_STEPS.items() for _ in lengths]
+    steps = torch.arange(len(owners)).repeat_interleave(c)[None]
+    per_traj = {name: c * len(lengths) for name, lengths in TRAJ_STEPS.items()}
+    traj_tokens = torch.tensor([[per_traj[owners[k]] for k in steps[0]]], dtype=F64)
+    values = torch.randn(steps.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
+    mask = torch.ones_like(values)
+    ours = aggregate(values, mask, "traj-mean-token-mean", traj_tokens=traj_tokens).item()
+    assert _agent_r1_trajectory_loss(values, steps, owners) == pytest.approx(c * ours)
+
+
+def test_traj_mean_token_mean_splits_into_micro_batches() -> None:
+    """Any split of the tokens (a trajectory's steps in different micro-batches included)
+    sums to the whole when each part gets the whole's trajectory count."""
+    values, _, traj_tokens, _ = _three_trajectories()
+    mask = torch.ones_like(values)
+    whole = aggregate(values, mask, "traj-mean-token-mean", traj_tokens=traj_tokens).item()
+    parts = [slice(0, 4), slice(4, 11), slice(11, 16)]  # b and c cut across parts
+    total = sum(
+        aggregate(
+            values[:, cut], mask[:, cut], "traj-mean-token-mean",
+            traj_tokens=traj_tokens[:, cut], traj_count=3.0,
+        ).item()
+        for cut in parts
+    )  # fmt: skip
+    assert total == pytest.approx(whole)
 
 
 def test_value_loss_hand_example_and_gradient() -> None:

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_core.trainer.batching import TrainRow, build_sequences, collate, is_append_only
+from agent_core.algorithms.losses import AGG_MODES
+from agent_core.trainer.batching import (
+    TrainRow,
+    build_sequences,
+    collate,
+    is_append_only,
+    trajectory_mass,
+    with_trajectory_tokens,
+)
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.run_config import TrainerSection
 
@@ -104,20 +112,22 @@ def _loss_and_grads(trainer: PolicyTrainer, rows: list[TrainRow], pack: bool, mi
     """The trainer's micro-batch losses accumulated over one mini-batch, as `update` does
     before its optimizer step: (summed loss, gradients). Sequences go in micro-batches of
     `micro`, so the two paths also differ in padding."""
+    rows = with_trajectory_tokens(rows)
     sequences, _ = build_sequences(rows, pack)
     token_count = sum(e - s for q in sequences for _, s, e in q.spans)
     step_count = sum(len(q.spans) for q in sequences)
+    traj_count = trajectory_mass(rows, range(len(rows)))
     trainer.engine.zero_grad()
     total = 0.0
     for start in range(0, len(sequences), micro):
         batch = collate(sequences[start : start + micro], rows, trainer.pad_id)
-        total += trainer._micro_backward(batch, token_count, step_count)["loss"]
+        total += trainer._micro_backward(batch, token_count, step_count, 1.0, traj_count)["loss"]
     grads = [p.grad.detach().clone() for p in trainer.engine.module.parameters()]
     trainer.engine.zero_grad()
     return total, grads
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("mode", AGG_MODES)
 def test_packed_equals_unpacked_loss_and_gradients(trainer: PolicyTrainer, mode: str) -> None:
     trainer.cfg = trainer.cfg.model_copy(update={"loss_agg_mode": mode})
     rows = _rows(1)
@@ -127,3 +137,15 @@ def test_packed_equals_unpacked_loss_and_gradients(trainer: PolicyTrainer, mode:
     for packed, unpacked in zip(packed_grads, unpacked_grads, strict=True):
         torch.testing.assert_close(packed, unpacked, rtol=0, atol=1e-5)
     assert all(g.abs().max() > 1e-4 for g in unpacked_grads)  # every parameter is checked
+
+
+def test_traj_mean_is_exact_across_micro_batches(trainer: PolicyTrainer) -> None:
+    """traj-mean-token-mean in one micro-batch equals it in micro-batches of 2 steps, which cut
+    trajectories a and b apart: each part is weighed against the whole's trajectory count."""
+    trainer.cfg = trainer.cfg.model_copy(update={"loss_agg_mode": "traj-mean-token-mean"})
+    rows = _rows(2)
+    one_loss, one_grads = _loss_and_grads(trainer, rows, pack=False, micro=len(rows))
+    split_loss, split_grads = _loss_and_grads(trainer, rows, pack=False, micro=2)
+    assert split_loss == pytest.approx(one_loss, abs=1e-5)
+    for split, one in zip(split_grads, one_grads, strict=True):
+        torch.testing.assert_close(split, one, rtol=0, atol=1e-5)

@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent_core.algorithms.losses import AGG_MODES
 from agent_core.trainer.batching import (
     TrainRow,
     build_sequences,
     collate,
     collate_tree,
     plan_minibatches,
+    trajectory_mass,
     tree_microbatches,
+    with_trajectory_tokens,
 )
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.run_config import TrainerSection
@@ -96,15 +99,17 @@ def trainer(tiny_model_dir: Path) -> PolicyTrainer:
 
 
 def _loss_and_grads(trainer: PolicyTrainer, rows: list[TrainRow], tree: bool, pack: bool):
+    rows = with_trajectory_tokens(rows)
     sequences, _ = build_sequences(rows, pack)
     token_count = sum(e - s for q in sequences for _, s, e in q.spans)
     step_count = sum(len(q.spans) for q in sequences)
+    traj_count = trajectory_mass(rows, range(len(rows)))
     trainer.engine.zero_grad()
     total, parts = 0.0, {}
     for start in range(0, len(sequences), 4):
         seqs = sequences[start : start + 4]
         batch = collate_tree(seqs, rows) if tree else collate(seqs, rows, trainer.pad_id)
-        out = trainer._micro_backward(batch, token_count, step_count)
+        out = trainer._micro_backward(batch, token_count, step_count, 1.0, traj_count)
         total += out["loss"]
         for key in ("clip_fraction", "approx_kl", "kl_ref", "value_loss"):
             parts[key] = parts.get(key, 0.0) + out[key]
@@ -113,7 +118,7 @@ def _loss_and_grads(trainer: PolicyTrainer, rows: list[TrainRow], tree: bool, pa
     return total, parts, grads
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize("pack", [False, True])
 def test_tree_equals_padded_loss_and_gradients(
     trainer: PolicyTrainer, mode: str, pack: bool
