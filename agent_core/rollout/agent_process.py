@@ -1,13 +1,17 @@
 """One agent-function episode in a process of its own (forked from a forkserver that imported
-the agent's module once), killed at its deadline: an agent that blocks, spins or leaves
-threads behind stalls no other episode, and nothing of it outlives its iteration."""
+the agent's module once), in a session of its own whose process group is killed at the
+deadline or the end: an agent that blocks, spins or leaves threads or child processes behind
+stalls no other episode, and nothing of it outlives its iteration."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import multiprocessing
+import os
+import signal
 import sys
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,6 +41,9 @@ def _child(
 ) -> None:
     """The episode's process: the agent's result (a number or a string, else its type's name)
     or its error, sent to the rollout."""
+    # its own session and process group, so the processes the agent starts (a tool's
+    # subprocess, a shell) are killed with it; only one that starts a session of its own escapes
+    os.setsid()
     # the rollout may import the agent from folders it added to sys.path after the forkserver
     # started (the server keeps the path it started with)
     sys.path[:0] = [p for p in path if p not in sys.path]
@@ -61,6 +68,14 @@ def _context(agent: str) -> multiprocessing.context.ForkServerContext:
            "openai.resources.completions"]  # fmt: skip
     ctx.set_forkserver_preload(["__main__", *sdk, agent.partition(":")[0]])
     return ctx
+
+
+def _kill_group(pid: int) -> None:
+    """Kill what is left of the episode's process group (its agent's children): after the
+    agent's own process, so none is started meanwhile. The group's id is the episode process's
+    pid, which Linux does not hand out again while the group has members."""
+    with suppress(ProcessLookupError):  # no member left, or the child never reached setsid
+        os.killpg(pid, signal.SIGKILL)
 
 
 async def play(agent: str, url: str, task: Task, timeout_s: float) -> tuple[str, Any]:
@@ -90,6 +105,7 @@ async def play(agent: str, url: str, task: Task, timeout_s: float) -> tuple[str,
         receiver.close()
         if process.pid is not None:
             process.kill()
+            _kill_group(process.pid)
             await loop.run_in_executor(None, process.join, KILL_WAIT_S)
             if process.exitcode is not None:
                 process.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -136,6 +137,28 @@ def spinning_agent(task: Task, client: openai.OpenAI) -> float:
     if seed_of(task) == 0:
         _spin()
     return 1.0
+
+
+@plugin("agent")
+def spawning_agent(task: Task, client: openai.OpenAI) -> float:
+    """Starts a `sleep 1000` it never waits for, and writes down its pid; episode 0 then hangs
+    past its deadline, the others return."""
+    child = subprocess.Popen(["sleep", "1000"])
+    (SPIN_DIR / task.task_id).write_text(str(child.pid))
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=2)  # fmt: skip
+    if seed_of(task) == 0:
+        time.sleep(60)
+    return 1.0
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a killed child nobody reaped yet is a zombie: not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @plugin("agent")
@@ -290,6 +313,21 @@ def test_nothing_of_an_episode_outlives_its_iteration(tiny_model_dir, engine) ->
     _, later = run_agent(agent_config(tiny_model_dir, "chat_agent", "env.agent_timeout_s=20"),
                          RecordingEngine(engine), group_size=2, tasks=2)  # fmt: skip
     assert later.episode_ends == {"agent": 4}
+
+
+def test_an_agents_child_processes_end_with_its_episode(tiny_model_dir, engine) -> None:
+    """Processes an agent starts are killed with its episode's process group, at its end
+    (episodes 1, 2) and at its deadline (episode 0)."""
+    shutil.rmtree(SPIN_DIR, ignore_errors=True)
+    SPIN_DIR.mkdir()
+    cfg = agent_config(tiny_model_dir, "spawning_agent", "env.agent_timeout_s=5")
+    _, stats = run_agent(cfg, RecordingEngine(engine), group_size=1, tasks=3)
+    assert stats.episode_ends == {"timeout": 1, "agent": 2}
+    pids = [int(f.read_text()) for f in SPIN_DIR.iterdir()]
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == 3 and not any(running(pid) for pid in pids)
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
