@@ -23,6 +23,12 @@ from pydantic import BaseModel, Field
 from agent_core import run_lock, runtime
 from agent_core.agent_flow import AgentFlow
 from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
+from agent_core.algorithms.diagnostics import (
+    advantage_diagnostics,
+    falling_streak,
+    reward_after_update_estimate,
+    update_warnings,
+)
 from agent_core.algorithms.returns import StepArrays
 from agent_core.config import changed_settings, dump_config, flatten
 from agent_core.envs import env_class, make_env, make_tasks
@@ -474,6 +480,44 @@ def _episode_metrics(steps: list[Step]) -> dict[str, float]:
     } | role_metrics(trajectories)
 
 
+def _update_diagnostics(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
+    """How the coming update leans (`advantage_diagnostics`), over the rows it will train on."""
+    success = {tid: t[-1].success for tid, t in group_trajectories(steps).items()}
+    skip_zero = _skips_zero_advantage(cfg)
+    trained = [s for s in steps if s.response_ids and not (skip_zero and s.advantage == 0.0)]
+    return advantage_diagnostics(
+        np.array([s.advantage for s in trained]),
+        np.array([len(s.response_ids) for s in trained]),
+        np.array([s.trajectory_id for s in trained]),
+        np.array([not success[s.trajectory_id] for s in trained], dtype=bool),
+        cfg.trainer.loss_agg_mode,
+    )
+
+
+def _reward_falling(run_dir: Path, iteration: int, reward: float, limit: int) -> int:
+    """How many iterations in a row reward/mean fell up to `iteration` (at most `limit`),
+    from the earlier iterations' score records."""
+    history = [reward]
+    for k in range(iteration - 1, max(0, iteration - limit - 1), -1):
+        record = iteration_dir(run_dir, k) / "scored.json"
+        if not record.is_file():
+            break
+        earlier = ScoreResult.model_validate_json(record.read_text()).metrics
+        history.insert(0, earlier["reward/mean"])
+    return falling_streak(history)
+
+
+def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[str, float]:
+    """Log the iteration's warnings (`update_warnings`); returns the metrics they add."""
+    t = cfg.tracking
+    falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], t.warn_reward_falling)
+    added = {"warning/reward_falling_iterations": float(falling)}
+    warnings = update_warnings(metrics | added, t.warn_advantage_bias, t.warn_reward_falling)
+    for warning in warnings:
+        log.warning("iteration %d: %s", iteration, warning)
+    return added | {"warning/count": float(len(warnings))}
+
+
 def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
     """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
     tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
@@ -489,7 +533,7 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
         steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
     )
     metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
-    return metrics | _episode_metrics(steps)
+    return metrics | _episode_metrics(steps) | _update_diagnostics(cfg, steps)
 
 
 def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
@@ -503,6 +547,7 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
     check_failed_share(ends, cfg.env.agent_max_failed_share, iteration)  # before any training
     steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
     metrics = score_in_place(cfg, run, iteration, steps) | episode_metrics(ends)
+    metrics |= _warn(cfg, Path(run.run_dir), iteration, metrics)
     crash_point("score", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ScoreResult(
@@ -540,12 +585,18 @@ def commit(cfg: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult) 
     )
 
 
+def _skips_zero_advantage(cfg: RunConfig) -> bool:
+    """Whether the update leaves out rows of exactly zero advantage: they carry no policy
+    gradient, and nothing else (value, KL, entropy) needs them."""
+    t = cfg.trainer
+    others_need_all = t.value_head or t.kl_loss_coef > 0 or t.entropy_coef > 0
+    return t.skip_zero_advantage and not others_need_all
+
+
 def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
     """Step rows as trainer inputs. Rows with an exactly-zero advantage carry no policy
     gradient and are left out when nothing else (value, KL, entropy) needs them."""
-    t = cfg.trainer
-    others_need_all = t.value_head or t.kl_loss_coef > 0 or t.entropy_coef > 0
-    skip_zero = t.skip_zero_advantage and not others_need_all
+    skip_zero = _skips_zero_advantage(cfg)
     names = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
              "trajectory_id", "step_index"]  # fmt: skip
     cols = table.select(names).to_pydict()
@@ -554,6 +605,27 @@ def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
         if r and not (skip_zero and adv == 0.0):
             rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k))
     return rows
+
+
+def _reward_after_update(
+    table: pa.Table, rows: list[TrainRow], log_ratios: list[float]
+) -> dict[str, float]:
+    """The trained trajectories' sampled mean reward and the importance estimate of the updated
+    policy's (`reward_after_update_estimate`), from each row's log-prob ratio new/old."""
+    cols = table.select(["trajectory_id", "reward"]).to_pydict()
+    reward: dict[str, float] = {}
+    for tid, r in zip(cols["trajectory_id"], cols["reward"], strict=True):
+        reward[tid] = reward.get(tid, 0.0) + float(r)
+    ratio: dict[str, float] = {}
+    for row, lr in zip(rows, log_ratios, strict=True):
+        ratio[row.trajectory_id] = ratio.get(row.trajectory_id, 0.0) + lr
+    before = np.array([reward[tid] for tid in ratio])
+    after, ess = reward_after_update_estimate(np.array(list(ratio.values())), before)
+    return {
+        "reward_before_update": float(before.mean()) if before.size else 0.0,
+        "reward_after_update_estimate": after,
+        "reward_estimate_ess_share": ess,
+    }
 
 
 def _write_latest(run_dir: Path, iteration: int) -> None:
@@ -583,8 +655,11 @@ def update(
     trainer = runtime.policy_trainer(
         cfg, run_dir, version, policy_weights(run, version), policy_weights(run, 0)
     )
-    rows = train_rows(read_partition(run_dir, iteration), cfg)
+    table = read_partition(run_dir, iteration)
+    rows = train_rows(table, cfg)
     metrics = metrics_dict(trainer.update(rows, iteration))
+    if cfg.trainer.estimate_reward_after_update:
+        metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
     crash_point("update", iteration)
     saving = time.perf_counter()
     trainer.save(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from agent_core.algorithms.diagnostics import update_warnings
 from agent_core.envs.tool_calls import CallError, parse_tool_calls
 from agent_core.faults import crash_point
 from agent_core.iteration import (
@@ -177,6 +178,35 @@ def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateR
             payloads = trace_payloads(steps, tokenizer, t.traces_per_iteration)
             logged["traces"] = tracking.log_trajectory_traces(t, run_id, payloads)
     return logged
+
+
+def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> list[str]:
+    """The iteration's console lines: reward and loss; how the update leaned (the mean
+    advantage as the loss weighs it, the loss weight on failed trajectories, the estimated
+    reward after the update when it was estimated); then each warning."""
+    m = metrics
+    lines = [
+        f"iteration {iteration}: reward/mean={m['reward/mean']:.3f} "
+        f"success_rate={m['success_rate']:.3f} "
+        f"zero-variance groups={m['advantage/zero_variance_group_share']:.2f} "
+        f"loss={m['actor/policy_loss']:.4f}"
+    ]
+    if "advantage/weighted_mean" in m:  # iterations scored before the diagnostics had none
+        lean = (
+            f"  update ({cfg.trainer.loss_agg_mode}): "
+            f"advantage={m['advantage/weighted_mean']:+.3f} "
+            f"(bias {m['advantage/weighted_bias']:+.2f}) "
+            f"failed-trajectory weight={m['loss_weight/failed_share']:.2f}"
+        )
+        if "actor/reward_after_update_estimate" in m:
+            lean += (
+                f" reward {m['actor/reward_before_update']:.3f} -> "
+                f"~{m['actor/reward_after_update_estimate']:.3f} (estimate)"
+            )
+        lines.append(lean)
+    t = cfg.tracking
+    warnings = update_warnings(m, t.warn_advantage_bias, t.warn_reward_falling)
+    return lines + [f"  warning: {w}" for w in warnings]
 
 
 def log_iteration(

@@ -558,6 +558,14 @@ class TrainerSection(Section):
         "traj-mean-token-mean: mean over trajectories (all steps of one episode) of each "
         "trajectory's token mean, so a 6-step failure weighs what a 1-step success weighs.",
     )
+    estimate_reward_after_update: bool = Field(
+        False,
+        description="After the update, one no-grad forward over the iteration's rows gives each "
+        "trajectory's log-prob ratio new/old; actor/reward_after_update_estimate is then the "
+        "self-normalised, clipped importance estimate of the updated policy's reward on the same "
+        "trajectories, beside actor/reward_before_update (an estimate, not a rollout; costs "
+        "about a third of one training epoch).",
+    )
     kl_loss_coef: float = Field(
         0.0,
         ge=0.0,
@@ -763,6 +771,21 @@ class TrackingSection(Section):
     plot_curve: bool = Field(
         True,
         description="Log a reward/success curve PNG (plots/learning_curve.png) each iteration.",
+    )
+    warn_advantage_bias: float = Field(
+        0.2,
+        ge=0.0,
+        description="Warn (log and console line) when the loss-weighted mean advantage "
+        "(advantage/weighted_mean, weighted as trainer.loss_agg_mode weighs the loss) exceeds "
+        "this share of the loss-weighted mean |advantage| (advantage/weighted_bias, in [-1, 1]): "
+        "the update then pushes most sampled tokens one way, e.g. down when failures run longer "
+        "than successes under token-mean. >= 1 = never.",
+    )
+    warn_reward_falling: int = Field(
+        3,
+        ge=0,
+        description="Warn when the sampled reward/mean fell this many iterations in a row "
+        "(read from the run folder's records, so reruns count earlier iterations); 0 = never.",
     )
 
 

@@ -22,6 +22,7 @@ from agent_core.config import (
     load_config,
 )
 from agent_core.evaluation import EvalOutcome
+from agent_core.reporting import console_lines
 from agent_core.rollout.shard import shard_count
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
@@ -83,12 +84,7 @@ def train(config: RunConfig) -> TrainSummary:
                 metrics = metrics | evaluated.metrics
                 held_out[f"iter_{k:04d}"] = success(evaluated)
             done.append(k)
-            print(
-                f"iteration {k}: reward/mean={metrics['reward/mean']:.3f} "
-                f"success_rate={metrics['success_rate']:.3f} "
-                f"zero-variance groups={metrics['advantage/zero_variance_group_share']:.2f} "
-                f"loss={metrics['actor/policy_loss']:.4f}"
-            )
+            print("\n".join(console_lines(config, k, metrics)))
     except BaseException:
         finish_run(config, run, "FAILED")
         raise

@@ -483,6 +483,12 @@ class PolicyTrainer:
             raise RuntimeError("step_values needs trainer.value_head=true")
         return self._per_step(self.engine.module, rows, with_values=True)[1]
 
+    def log_ratios(self, rows: list[TrainRow]) -> list[float]:
+        """Per row: the log-prob of its response under the current policy minus its
+        `old_logprobs` (the sampling policy's), summed over the response tokens."""
+        logps, _ = self._per_step(self.engine.module, rows, with_values=False)
+        return [float(sum(lp) - sum(r.old_logprobs)) for r, lp in zip(rows, logps, strict=True)]
+
     def reference_kl(self, rows: list[TrainRow]) -> list[float]:
         """Per-step KL of the sampling policy to the reference: the sum over response tokens of
         (rollout log-prob - reference log-prob) (the k1 estimate, for KL-in-reward)."""

@@ -181,6 +181,10 @@ class TrainerGroup:
         """The value head's estimates (every rank computes all rows: ZeRO-3 needs all)."""
         return self._all("step_values", rows)
 
+    def log_ratios(self, rows) -> list[float]:
+        """Per-row log-prob ratio new/old, as `PolicyTrainer.log_ratios`."""
+        return self._all("log_ratios", rows)
+
     def reference_kl(self, rows) -> list[float]:
         """Per-step KL to the reference, as `PolicyTrainer.reference_kl`."""
         return self._all("reference_kl", rows)

@@ -6,6 +6,7 @@ the steps are detected and stay unpacked."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,13 @@ def test_traj_mean_is_exact_across_micro_batches(trainer: PolicyTrainer) -> None
     assert split_loss == pytest.approx(one_loss, abs=1e-5)
     for split, one in zip(split_grads, one_grads, strict=True):
         torch.testing.assert_close(split, one, rtol=0, atol=1e-5)
+
+
+def test_log_ratios_are_new_minus_old_response_logprobs(trainer: PolicyTrainer) -> None:
+    rows = _rows(3)
+    current, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
+    same = [replace(r, old_logprobs=lp) for r, lp in zip(rows, current, strict=True)]
+    assert trainer.log_ratios(same) == pytest.approx([0.0] * len(rows), abs=1e-4)
+    lower = [replace(r, old_logprobs=[x - 0.1 for x in r.old_logprobs]) for r in same]
+    expected = [0.1 * len(r.response_ids) for r in rows]
+    assert trainer.log_ratios(lower) == pytest.approx(expected, abs=1e-4)

@@ -1,0 +1,118 @@
+"""Update diagnostics that show RL going wrong before held-out eval does: the mean advantage as
+the loss weighs it, the loss weight on failed trajectories, an importance estimate of the
+updated policy's reward on the sampled trajectories, and streaks of falling reward.
+Pure numpy. S = step rows, T = trajectories.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# a trajectory's importance weight is capped here: one trajectory the update made far likelier
+# would otherwise carry the whole self-normalised estimate
+MAX_IMPORTANCE_WEIGHT = 10.0
+
+
+def step_loss_weights(tokens: np.ndarray, trajectory: np.ndarray, mode: str) -> np.ndarray:
+    """Each step's share of the loss weight under aggregation `mode`, over one batch of every
+    step: tokens [S] (response tokens per step), trajectory [S] (ids) -> [S], summing to 1.
+
+    "token-mean" and the token-sum mode weigh every token alike (n_s / sum n);
+    "seq-mean-token-mean" every step (1 / S); "traj-mean-token-mean" every trajectory
+    (n_s / (n_T * T), n_T = its trajectory's tokens)."""
+    n = np.asarray(tokens, dtype=np.float64)
+    if n.size == 0:
+        return n
+    if mode in ("token-mean", "seq-mean-token-sum"):
+        return n / max(n.sum(), 1.0)
+    if mode == "seq-mean-token-mean":
+        return np.full(n.size, 1.0 / n.size)
+    if mode == "traj-mean-token-mean":
+        _, owner = np.unique(np.asarray(trajectory), return_inverse=True)
+        per_traj = np.bincount(owner, weights=n)
+        return n / np.maximum(per_traj[owner], 1.0) / per_traj.size
+    raise ValueError(f"unknown aggregation mode {mode!r}")
+
+
+def advantage_diagnostics(
+    advantage: np.ndarray,
+    tokens: np.ndarray,
+    trajectory: np.ndarray,
+    failed: np.ndarray,
+    mode: str,
+) -> dict[str, float]:
+    """How the update will lean, from step rows: advantage [S], tokens [S], trajectory [S],
+    failed [S] (True when the step's trajectory did not succeed).
+
+    advantage/weighted_mean: the mean advantage as `mode` weighs it (the direction the policy
+    gradient leans: far from 0 means the update mostly pushes down, or up, everything sampled);
+    per_token / per_step / per_trajectory_mean: the same under the other weightings;
+    weighted_bias: weighted_mean / (weighted mean |advantage|), in [-1, 1], scale-free;
+    loss_weight/failed_share, success_share: the loss weight on failed / successful
+    trajectories."""
+    adv = np.asarray(advantage, dtype=np.float64)
+    failed = np.asarray(failed, dtype=bool)
+
+    def weighted(weights_mode: str, values: np.ndarray = adv) -> float:
+        return float(np.dot(step_loss_weights(tokens, trajectory, weights_mode), values))
+
+    mean = weighted(mode)
+    abs_mean = weighted(mode, np.abs(adv))
+    failed_share = weighted(mode, failed.astype(np.float64))
+    return {
+        "advantage/weighted_mean": mean,
+        "advantage/weighted_bias": mean / abs_mean if abs_mean > 0 else 0.0,
+        "advantage/per_token_mean": weighted("token-mean"),
+        "advantage/per_step_mean": weighted("seq-mean-token-mean"),
+        "advantage/per_trajectory_mean": weighted("traj-mean-token-mean"),
+        "loss_weight/failed_share": failed_share,
+        "loss_weight/success_share": (1.0 - failed_share) if adv.size else 0.0,
+    }
+
+
+def reward_after_update_estimate(log_ratio: np.ndarray, reward: np.ndarray) -> tuple[float, float]:
+    """Self-normalised importance estimate of the updated policy's mean reward on the sampled
+    trajectories, and its effective sample share (1 = every trajectory counts fully).
+
+    log_ratio [T]: log pi_new - log pi_old of each trajectory's response tokens (the env's
+    replies are the same under both policies, so they cancel); reward [T]. Weights
+    w = min(exp(log_ratio), MAX_IMPORTANCE_WEIGHT); estimate = sum w R / sum w. An estimate:
+    it reweighs what was sampled and cannot see outcomes the old policy never reached."""
+    if len(reward) == 0:
+        return 0.0, 0.0
+    log_w = np.minimum(np.asarray(log_ratio, dtype=np.float64), np.log(MAX_IMPORTANCE_WEIGHT))
+    w = np.exp(log_w - log_w.max())  # the common factor cancels in both ratios
+    estimate = float(np.dot(w, reward) / w.sum())
+    return estimate, float(w.sum() ** 2 / (len(w) * np.dot(w, w)))
+
+
+def falling_streak(history: list[float]) -> int:
+    """How many iterations in a row the value fell, counted back from the last entry of
+    `history` (oldest first): [3, 2, 2.5, 2, 1] -> 2."""
+    streak = 0
+    for before, after in zip(history[-2::-1], history[::-1], strict=False):
+        if after >= before:
+            break
+        streak += 1
+    return streak
+
+
+def update_warnings(metrics: dict[str, float], bias_limit: float, falling_limit: int) -> list[str]:
+    """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
+    beyond `bias_limit` of the mean |advantage|, or the sampled reward falling `falling_limit`
+    (> 0) iterations in a row."""
+    out = []
+    bias = metrics.get("advantage/weighted_bias", 0.0)
+    if abs(bias) > bias_limit:
+        direction = "down" if bias < 0 else "up"
+        out.append(
+            f"the loss-weighted mean advantage is {metrics['advantage/weighted_mean']:+.3f} "
+            f"({bias:+.2f} of its mean size): the update pushes most sampled tokens {direction}; "
+            f"{metrics.get('loss_weight/failed_share', 0.0):.0%} of the loss weight is on failed "
+            "trajectories (a trajectory-level aggregation, trainer.loss_agg_mode="
+            "traj-mean-token-mean, weighs each trajectory alike)"
+        )
+    streak = int(metrics.get("warning/reward_falling_iterations", 0))
+    if falling_limit > 0 and streak >= falling_limit:
+        out.append(f"the sampled reward/mean fell {streak} iterations in a row")
+    return out

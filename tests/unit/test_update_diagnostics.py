@@ -1,0 +1,167 @@
+"""Update diagnostics on a constructed batch whose answers are known: the loss-weighted mean
+advantage per aggregation, the loss weight on failed trajectories, the importance estimate of
+the reward after the update, falling-reward streaks read from run records, and the warnings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from agent_core.algorithms.diagnostics import (
+    advantage_diagnostics,
+    falling_streak,
+    reward_after_update_estimate,
+    step_loss_weights,
+    update_warnings,
+)
+from agent_core.iteration import (
+    ScoreResult,
+    _reward_after_update,
+    _reward_falling,
+    _update_diagnostics,
+)
+from agent_core.records import Step
+from agent_core.replay.store import iteration_dir
+from agent_core.reporting import console_lines
+from agent_core.trainer.batching import TrainRow
+from configs.run_config import RunConfig
+
+# One group of four episodes: two successes that end after 1 step of 10 tokens, two failures
+# that run all 6 steps of 5 tokens each; centred outcome advantages +0.5 / -0.5 (reward 1 / 0).
+EPISODES = {"s1": (True, [10]), "s2": (True, [10]), "f1": (False, [5] * 6), "f2": (False, [5] * 6)}
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    adv, tokens, traj, failed = [], [], [], []
+    for name, (success, lengths) in EPISODES.items():
+        for n in lengths:
+            adv.append(0.5 if success else -0.5)
+            tokens.append(n)
+            traj.append(name)
+            failed.append(not success)
+    return np.array(adv), np.array(tokens), np.array(traj), np.array(failed)
+
+
+def test_weights_sum_to_one_and_weigh_what_the_mode_says() -> None:
+    _, tokens, traj, _ = _batch()
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean"):
+        assert step_loss_weights(tokens, traj, mode).sum() == pytest.approx(1.0)
+    per_traj = step_loss_weights(tokens, traj, "traj-mean-token-mean")
+    for name in EPISODES:
+        assert per_traj[traj == name].sum() == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="aggregation"):
+        step_loss_weights(tokens, traj, "mean")
+
+
+def test_advantage_diagnostics_known_answers() -> None:
+    adv, tokens, traj, failed = _batch()
+    token_mean = advantage_diagnostics(adv, tokens, traj, failed, "token-mean")
+    # tokens: 20 at +0.5, 60 at -0.5 -> -0.25; steps: 2 at +0.5, 12 at -0.5 -> -5/14
+    assert token_mean["advantage/weighted_mean"] == pytest.approx(-0.25)
+    assert token_mean["advantage/per_token_mean"] == pytest.approx(-0.25)
+    assert token_mean["advantage/per_step_mean"] == pytest.approx(-5 / 14)
+    assert token_mean["advantage/per_trajectory_mean"] == pytest.approx(0.0)
+    assert token_mean["advantage/weighted_bias"] == pytest.approx(-0.5)
+    assert token_mean["loss_weight/failed_share"] == pytest.approx(0.75)
+    assert token_mean["loss_weight/success_share"] == pytest.approx(0.25)
+    per_step = advantage_diagnostics(adv, tokens, traj, failed, "seq-mean-token-mean")
+    assert per_step["advantage/weighted_mean"] == pytest.approx(-5 / 14)
+    assert per_step["loss_weight/failed_share"] == pytest.approx(12 / 14)
+    per_traj = advantage_diagnostics(adv, tokens, traj, failed, "traj-mean-token-mean")
+    assert per_traj["advantage/weighted_mean"] == pytest.approx(0.0)
+    assert per_traj["advantage/weighted_bias"] == pytest.approx(0.0)
+    assert per_traj["loss_weight/failed_share"] == pytest.approx(0.5)
+
+
+def test_reward_after_update_estimate() -> None:
+    rewards = np.array([1.0, 0.0])
+    assert reward_after_update_estimate(np.zeros(2), rewards) == pytest.approx((0.5, 1.0))
+    # the update made trajectory 0 three times likelier: 3 / (3 + 1), ESS (4^2) / (2 * 10)
+    estimate, ess = reward_after_update_estimate(np.array([math.log(3.0), 0.0]), rewards)
+    assert (estimate, ess) == pytest.approx((0.75, 0.8))
+    # a weight beyond the cap counts as 10
+    estimate, _ = reward_after_update_estimate(np.array([math.log(100.0), 0.0]), rewards)
+    assert estimate == pytest.approx(10 / 11)
+    assert reward_after_update_estimate(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+
+
+def test_falling_streak() -> None:
+    assert falling_streak([3.0, 2.0, 2.5, 2.0, 1.0]) == 2
+    assert falling_streak([3.0, 2.0, 1.0, 0.5]) == 3
+    assert falling_streak([1.0, 1.0]) == 0
+    assert falling_streak([]) == 0
+
+
+def test_reward_falling_reads_earlier_iterations_records(tmp_path: Path) -> None:
+    for k, reward in enumerate([0.9, 0.5, 0.6, 0.4], start=1):
+        folder = iteration_dir(tmp_path, k)
+        folder.mkdir(parents=True)
+        record = ScoreResult(
+            iteration=k, path="", steps=0, trajectories=0,
+            metrics={"reward/mean": reward}, seconds=0.0,
+        )  # fmt: skip
+        (folder / "scored.json").write_text(record.model_dump_json())
+    # iteration 5 at 0.3: fell after 0.6 -> 0.4 -> 0.3 (2 in a row), not before (0.5 -> 0.6)
+    assert _reward_falling(tmp_path, 5, 0.3, limit=5) == 2
+    assert _reward_falling(tmp_path, 5, 0.3, limit=1) == 1  # reads only as far back as needed
+    assert _reward_falling(tmp_path, 5, 0.7, limit=5) == 0
+    assert _reward_falling(tmp_path, 2, 0.1, limit=0) == 0
+
+
+def _steps() -> list[Step]:
+    steps = []
+    for name, (success, lengths) in EPISODES.items():
+        for k, n in enumerate(lengths):
+            steps.append(
+                Step(
+                    "run", 1, 0, "g", name, k, "t", "env", [1, 2], list(range(n)), [-1.0] * n,
+                    "", "", 0.0, k == len(lengths) - 1, False,
+                    success=success and k == len(lengths) - 1,
+                    advantage=0.5 if success else -0.5,
+                )
+            )  # fmt: skip
+    return steps
+
+
+def test_iteration_diagnostics_use_the_trajectory_outcome_and_configured_mode() -> None:
+    cfg = RunConfig()
+    metrics = _update_diagnostics(cfg, _steps())
+    assert metrics["advantage/weighted_mean"] == pytest.approx(-0.25)  # token-mean default
+    assert metrics["loss_weight/failed_share"] == pytest.approx(0.75)
+    cfg.trainer.loss_agg_mode = "traj-mean-token-mean"
+    metrics = _update_diagnostics(cfg, _steps())
+    assert metrics["advantage/weighted_mean"] == pytest.approx(0.0)
+    assert metrics["loss_weight/failed_share"] == pytest.approx(0.5)
+
+
+def test_warnings_and_console_lines() -> None:
+    cfg = RunConfig()
+    metrics = _update_diagnostics(cfg, _steps()) | {
+        "reward/mean": 0.5, "success_rate": 0.5, "advantage/zero_variance_group_share": 0.0,
+        "actor/policy_loss": 0.1, "warning/reward_falling_iterations": 3.0,
+        "actor/reward_before_update": 0.5, "actor/reward_after_update_estimate": 0.42,
+    }  # fmt: skip
+    warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3)
+    assert len(warnings) == 2
+    assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
+    assert "fell 3 iterations in a row" in warnings[1]
+    assert update_warnings(metrics, bias_limit=0.6, falling_limit=0) == []
+    lines = console_lines(cfg, 4, metrics)
+    assert lines[0].startswith("iteration 4: reward/mean=0.500")
+    assert "advantage=-0.250 (bias -0.50) failed-trajectory weight=0.75" in lines[1]
+    assert "reward 0.500 -> ~0.420 (estimate)" in lines[1]
+    assert [line.startswith("  warning: ") for line in lines[2:]] == [True, True]
+
+
+def test_reward_after_update_groups_rows_by_trajectory() -> None:
+    table = pa.table({"trajectory_id": ["a", "a", "b", "c"], "reward": [0.0, 1.0, 0.0, 0.0]})
+    rows = [TrainRow([1], [2], [-1.0], 0.5, trajectory_id=t, step_index=k)
+            for t, k in (("a", 0), ("a", 1), ("b", 0))]  # fmt: skip
+    # c had no trained rows (zero advantage): it is in neither side of the comparison
+    got = _reward_after_update(table, rows, [math.log(2.0), math.log(1.5), 0.0])
+    assert got["reward_before_update"] == pytest.approx(0.5)
+    assert got["reward_after_update_estimate"] == pytest.approx(3.0 / 4.0)
