@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent_core.config import load_config
+from agent_core.config import ConfigError, load_config
 from agent_core.envs import AgentEnv, make_env
 from agent_core.records import Action
 from tests.outsider import code_guess_env, corridor_env, lookup_compute_env
@@ -37,6 +37,13 @@ BASELINES: dict[str, dict[str, Callable]] = {
     },
 }
 EPISODES = 48  # held-out episodes, as the README's greedy evaluations of outsider envs
+
+
+OPTIONS = {  # each env's make_task options, as env.task_options
+    "code_guess": "{length: 4, top: 6}",
+    "lookup_compute": "{items: 1}",
+    "corridor": "{width: 5, height: 4, shortest: [5, 7]}",
+}
 
 
 def _config(env: str, *overrides: str):
@@ -84,6 +91,9 @@ def success_rate(env_name: str, policy: Callable) -> tuple[float, list[list]]:
 def test_env_loads_by_module_name_and_keeps_the_contract(env: str) -> None:
     cfg = _config(env, "env.context={name: window, last_turns: 1}")
     assert cfg.env.name == ENVS[env][0]
+    assert _config(env, f"env.task_options={OPTIONS[env]}").env.task_options
+    with pytest.raises(ConfigError, match=r"env\.task_options:.*takes no option 'colour'"):
+        _config(env, "env.task_options={colour: red}")
     cls = type(_env(env))
     first = [cls.make_task(s) for s in range(20)]
     assert [t.task_id for t in first] == [t.task_id for t in (cls.make_task(s) for s in range(20))]
