@@ -1,6 +1,6 @@
-"""The FastAPI app of the policy server (/v1/chat/completions, /v1/completions, /v1/models,
-the same under /episodes/<id>/v1 for agent rollouts, and the token-guarded /steprl/reload of a
-checkpoint folder), and a uvicorn server in a thread."""
+"""The FastAPI app of the policy server (/v1/chat/completions, /v1/responses, /v1/completions,
+streamed or whole, /v1/models, the same under /episodes/<id>/v1 for agent rollouts, and the
+token-guarded /steprl/reload of a checkpoint folder), and a uvicorn server in a thread."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agent_core.serving.batcher import EngineError
 from agent_core.serving.gate import RequestGate, is_loopback, openai_error, server_names
 from agent_core.serving.login_limit import FailedLoginLimit
+from agent_core.serving.responses import (
+    ResponseIds,
+    ResponsesRequest,
+    response_body,
+    response_events,
+)
 from agent_core.serving.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -75,17 +81,10 @@ def build_app(
             raise HTTPException(404, f"no episode {episode_id!r} is running")
         return sink
 
-    async def chat(req: ChatCompletionRequest, sink: CallSink | None) -> Any:
+    async def guarded(sink: CallSink | None, answer: Awaitable[Any]) -> Any:
+        """`answer` awaited, what it refuses as HTTP errors (an episode notes bad input)."""
         try:
-            if req.stream:
-                stream = await TokenStream(lambda on: service.chat(req, sink, on)).start()
-                return _stream_response(stream, chat_events(
-                    stream, req.n,
-                    _texts(service, req, bool(req.tools) and req.tool_choice != "none"),
-                    _head(req, "chatcmpl", "chat.completion.chunk"),
-                    req.logprobs and not req.top_logprobs, req.include_usage(),
-                ))  # fmt: skip
-            return (await service.chat(req, sink)).model_dump()
+            return await answer
         except PermissionError as exc:
             raise HTTPException(409, str(exc)) from None
         except ValueError as exc:
@@ -95,13 +94,40 @@ def build_app(
         except EngineError as exc:  # answered, so the connection stays open for the next call
             raise HTTPException(500, str(exc)) from None
 
+    async def chat(req: ChatCompletionRequest, sink: CallSink | None) -> Any:
+        if not req.stream:
+            return (await service.chat(req, sink)).model_dump()
+        stream = await TokenStream(lambda on: service.chat(req, sink, on)).start()
+        return _stream_response(stream, chat_events(
+            stream, req.n, _texts(service, req), _head(req, "chatcmpl", "chat.completion.chunk"),
+            req.logprobs and not req.top_logprobs, req.include_usage(),
+        ))  # fmt: skip
+
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest) -> Any:
-        return await chat(req, None)
+        return await guarded(None, chat(req, None))
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def episode_chat(episode_id: str, req: ChatCompletionRequest) -> Any:
-        return await chat(req, sink_of(episode_id))
+        sink = sink_of(episode_id)
+        return await guarded(sink, chat(req, sink))
+
+    async def respond(req: ResponsesRequest, sink: CallSink | None) -> Any:
+        chat_req, ids = req.to_chat(), ResponseIds()
+        if not req.stream:
+            return response_body(req, ids, await service.chat(chat_req, sink))
+        stream = await TokenStream(lambda on: service.chat(chat_req, sink, on)).start()
+        text = _texts(service, chat_req)[0]
+        return _stream_response(stream, response_events(req, ids, stream, text))
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest) -> Any:
+        return await guarded(None, respond(req, None))
+
+    @app.post("/episodes/{episode_id}/v1/responses")
+    async def episode_responses(episode_id: str, req: ResponsesRequest) -> Any:
+        sink = sink_of(episode_id)
+        return await guarded(sink, respond(req, sink))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Any:
@@ -109,7 +135,7 @@ def build_app(
             if req.stream:
                 stream = await TokenStream(lambda on: service.complete(req, on)).start()
                 return _stream_response(stream, completion_events(
-                    stream, _texts(service, req, False), _head(req, "cmpl", "text_completion"),
+                    stream, _texts(service, req), _head(req, "cmpl", "text_completion"),
                     req.logprobs == 0, req.include_usage(),
                 ))  # fmt: skip
             return (await service.complete(req)).model_dump()
@@ -150,9 +176,10 @@ def _head(req: ChatCompletionRequest | CompletionRequest, prefix: str, kind: str
             "model": req.model}  # fmt: skip
 
 
-def _texts(
-    service: PolicyService, req: ChatCompletionRequest | CompletionRequest, tools_on: bool
-) -> TextStreams:
+def _texts(service: PolicyService, req: ChatCompletionRequest | CompletionRequest) -> TextStreams:
+    """The choices' `TextStream`s (tool-call tags held back where the call shows tools)."""
+    tools_on = isinstance(req, ChatCompletionRequest) and bool(req.tools)
+    tools_on = tools_on and req.tool_choice != "none"
     return TextStreams(lambda: TextStream(service.tokenizer, req.stop_strings(), tools_on))
 
 

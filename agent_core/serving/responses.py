@@ -1,0 +1,269 @@
+"""The OpenAI Responses API (POST /v1/responses, the OpenAI Agents SDK's default) over the chat
+path: a request's input items (messages, function calls, function call outputs) become chat
+messages, so a call is recorded as the same exact-token step; the answer comes back as a
+Response (message and function_call output items), whole or as its streamed events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_core.serving.batcher import EngineError
+from agent_core.serving.chat import content_text
+from agent_core.serving.schema import ChatCompletion, ChatCompletionRequest
+from agent_core.serving.streaming import TextStream, TokenStream, sse
+
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses (the text and function-tool subset; unknown fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field("policy", description="Served model name (any name is accepted).")
+    input: str | list[dict[str, Any]] = Field(
+        ..., description="A user text, or input items: messages, function_call and "
+        "function_call_output items (reasoning items are skipped).",
+    )  # fmt: skip
+    instructions: str | None = Field(None, description="A system message put first.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Function tools: {type: 'function', name, description, parameters}."
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none' hides the tools; anything else shows them (not enforced)."
+    )
+    max_output_tokens: int | None = Field(None, ge=1, description="Most tokens to sample.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling temperature.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    stream: bool = Field(False, description="The answer comes as server-sent events.")
+    previous_response_id: str | None = Field(
+        None, description="Refused: this server keeps no responses (send the whole input)."
+    )
+    store: bool | None = Field(None, description="Accepted and ignored: nothing is stored.")
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The chat request this one stands for; raises ValueError on what it cannot serve."""
+        if self.previous_response_id:
+            raise ValueError(
+                "previous_response_id is not supported: this server keeps no responses; send "
+                "the whole conversation as input (the OpenAI Agents SDK does by default)"
+            )
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        items = (
+            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        )
+        messages += chat_messages(items)
+        if not messages:
+            raise ValueError("input holds no message")
+        sampling = {
+            k: getattr(self, k) for k in ("temperature", "top_p") if getattr(self, k) is not None
+        }
+        return ChatCompletionRequest(
+            model=self.model, messages=messages,
+            tools=[_chat_tool(t) for t in self.tools or []] or None,
+            tool_choice=_chat_tool_choice(self.tool_choice), max_tokens=self.max_output_tokens,
+            **sampling,
+        )  # fmt: skip
+
+
+def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages for Responses input items: a function_call joins the assistant message
+    before it (the model wrote both in one turn), a function_call_output is a tool message."""
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and item.get("role") in INPUT_ROLES:
+            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            fn = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
+            call = {"id": item.get("call_id", ""), "type": "function", "function": fn}
+            if not (messages and messages[-1]["role"] == "assistant"):
+                messages.append({"role": "assistant", "content": None})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = _text(item.get("output"))
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
+            )
+        elif kind != "reasoning":  # the model's hidden reasoning: this model writes none
+            raise ValueError(
+                f"unsupported input item {kind!r}: this server takes messages (roles "
+                f"{', '.join(INPUT_ROLES)}), function_call and function_call_output items"
+            )
+    return messages
+
+
+def _text(content: Any) -> str:
+    """The text of a Responses content: a string or a list of text parts."""
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in content):
+            raise ValueError(f"content parts must be text ({', '.join(TEXT_PARTS)})")
+        return "".join(p.get("text") or p.get("refusal") or "" for p in content)
+    return content_text(content)
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise ValueError(
+            "only function tools are served: {'type': 'function', 'name': str, "
+            "'description': str, 'parameters': {JSON schema}}"
+        )
+    keys = ("name", "description", "parameters")
+    return {"type": "function", "function": {k: tool[k] for k in keys if tool.get(k) is not None}}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+class ResponseIds:
+    """The ids of one response and of its output items (the same streamed and at the end)."""
+
+    def __init__(self) -> None:
+        self.hex = uuid.uuid4().hex
+        self.response, self.message = f"resp_{self.hex}", f"msg_{self.hex}"
+        self.created = int(time.time())
+
+    def call(self, index: int) -> str:
+        return f"fc_{self.hex}_{index}"
+
+
+def response_body(
+    req: ResponsesRequest, ids: ResponseIds, done: ChatCompletion | None
+) -> dict[str, Any]:
+    """The Response object: in progress (no `done` yet) or `done`'s answer as output items."""
+    body: dict[str, Any] = {
+        "id": ids.response, "object": "response", "created_at": ids.created, "model": req.model,
+        "status": "in_progress", "output": [], "error": None, "incomplete_details": None,
+        "instructions": req.instructions, "tools": req.tools or [],
+        "tool_choice": req.tool_choice or "auto", "parallel_tool_calls": True,
+        "temperature": req.temperature, "top_p": req.top_p,
+        "max_output_tokens": req.max_output_tokens, "previous_response_id": None,
+        "metadata": {}, "usage": None,
+    }  # fmt: skip
+    if done is None:
+        return body
+    choice = done.choices[0]
+    if choice.message.get("content"):
+        body["output"].append(message_item(ids, choice.message["content"], "completed"))
+    for index, call in enumerate(choice.message.get("tool_calls") or []):
+        body["output"].append(call_item(ids, index, call, "completed"))
+    if choice.finish_reason == "length":
+        body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+    else:
+        body["status"] = "completed"
+    usage = done.usage
+    body["usage"] = {
+        "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }  # fmt: skip
+    body["steprl"] = {
+        **done.steprl, "prompt_token_ids": done.prompt_token_ids, "token_ids": choice.token_ids,
+        "token_logprobs": choice.token_logprobs, "policy_version": done.policy_version,
+    }  # fmt: skip
+    return body
+
+
+def message_item(ids: ResponseIds, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text)]
+    return {"type": "message", "id": ids.message, "role": "assistant", "status": status,
+            "content": content}  # fmt: skip
+
+
+def call_item(ids: ResponseIds, index: int, call: dict[str, Any], status: str) -> dict[str, Any]:
+    fn = call["function"]
+    return {"type": "function_call", "id": ids.call(index), "call_id": call["id"],
+            "name": fn["name"], "arguments": fn["arguments"], "status": status}  # fmt: skip
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class _Events:
+    """Numbered Responses stream events of one response."""
+
+    def __init__(self, ids: ResponseIds) -> None:
+        self.ids, self.number = ids, 0
+
+    def __call__(self, kind: str, **fields: Any) -> str:
+        self.number += 1
+        return sse({"type": kind, "sequence_number": self.number - 1, **fields})
+
+    def open_message(self) -> list[str]:
+        where = {"item_id": self.ids.message, "output_index": 0, "content_index": 0}
+        return [
+            self("response.output_item.added", output_index=0,
+                 item=message_item(self.ids, None, "in_progress")),
+            self("response.content_part.added", **where, part=_text_part("")),
+        ]  # fmt: skip
+
+    def text_delta(self, delta: str) -> str:
+        return self("response.output_text.delta", item_id=self.ids.message, output_index=0,
+                    content_index=0, delta=delta, logprobs=[])  # fmt: skip
+
+    def close_message(self, text: str) -> list[str]:
+        where = {"item_id": self.ids.message, "output_index": 0, "content_index": 0}
+        return [
+            self("response.output_text.done", **where, text=text, logprobs=[]),
+            self("response.content_part.done", **where, part=_text_part(text)),
+            self("response.output_item.done", output_index=0,
+                 item=message_item(self.ids, text, "completed")),
+        ]  # fmt: skip
+
+    def call(self, output_index: int, item: dict[str, Any]) -> list[str]:
+        where = {"item_id": item["id"], "output_index": output_index}
+        return [
+            self("response.output_item.added", output_index=output_index,
+                 item={**item, "arguments": "", "status": "in_progress"}),
+            self("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            self("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+            self("response.output_item.done", output_index=output_index, item=item),
+        ]  # fmt: skip
+
+
+async def response_events(
+    req: ResponsesRequest, ids: ResponseIds, stream: TokenStream[ChatCompletion],
+    text: TextStream,
+) -> AsyncIterator[str]:  # fmt: skip
+    """The Responses stream: created, in_progress, the message's text per token as sampled,
+    then each function call whole (its arguments are known once its tag closes), then
+    completed (or incomplete at max_output_tokens) with the whole Response."""
+    event = _Events(ids)
+    yield event("response.created", response=response_body(req, ids, None))
+    yield event("response.in_progress", response=response_body(req, ids, None))
+    opened = False
+    try:
+        async for _, token, _ in stream.tokens():
+            delta = text.push(token)
+            for line in event.open_message() if delta and not opened else []:
+                yield line
+            opened = opened or bool(delta)
+            if delta:
+                yield event.text_delta(delta)
+        done = stream.result()
+    except EngineError as exc:
+        yield event("error", code="server_error", message=str(exc), param=None)
+        return
+    final = response_body(req, ids, done)
+    content = done.choices[0].message.get("content") or ""
+    rest = text.rest(content)
+    lines = event.open_message() if rest and not opened else []
+    lines += [event.text_delta(rest)] if rest else []
+    lines += event.close_message(content) if content else []
+    for index, item in enumerate(final["output"]):
+        if item["type"] == "function_call":
+            lines += event.call(index, item)
+    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    for line in [*lines, event(kind, response=final)]:
+        yield line
