@@ -63,9 +63,9 @@ def _context(agent: str) -> multiprocessing.context.ForkServerContext:
     rollout process itself is unsafe (its engine and server threads hold locks)."""
     ctx = multiprocessing.get_context("forkserver")
     # '__main__' too: each child would otherwise import the main module again on starting;
-    # the SDK's chat and completions resources are imported on a client's first call
+    # the SDK's chat, completions and responses resources are imported on a client's first call
     sdk = ["openai", "openai.resources.chat.chat", "openai.resources.chat.completions",
-           "openai.resources.completions"]  # fmt: skip
+           "openai.resources.completions", "openai.resources.responses.responses"]  # fmt: skip
     ctx.set_forkserver_preload(["__main__", *sdk, agent.partition(":")[0]])
     return ctx
 

@@ -164,7 +164,8 @@ def test_episode_calls_are_recorded_as_extending_steps(tokenizer) -> None:
     assert engine.prompts[1][: len(first_step.prompt_ids)] == first_step.prompt_ids
 
 
-def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer, streamed: bool) -> None:
     agents = pytest.importorskip("agents")
     server, engine = _server(tokenizer, [CALL, "The sum is 5."])
     seen = []
@@ -179,7 +180,11 @@ def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer) -> None:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
         model = agents.OpenAIResponsesModel("policy", client)
         agent = agents.Agent(name="adder", instructions="Add.", tools=[add], model=model)
-        result = await agents.Runner.run(agent, "What is 2+3?")
+        if not streamed:
+            return (await agents.Runner.run(agent, "What is 2+3?")).final_output
+        result = agents.Runner.run_streamed(agent, "What is 2+3?")
+        async for _ in result.stream_events():
+            pass
         return result.final_output
 
     agents.set_tracing_disabled(True)
