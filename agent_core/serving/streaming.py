@@ -65,6 +65,7 @@ class TextStream:
         self.tokenizer = tokenizer
         self.tools_on = tools_on
         self.ends = tuple(s for s in stops if s) + ((OPEN_TAG,) if tools_on else ())
+        self.longest = max((len(e) for e in self.ends), default=0)
         self.ids: list[int] = []
         self.text = ""  # what the tokens so far decode to
         self.sent = ""  # what was released
@@ -81,7 +82,9 @@ class TextStream:
             self.text += after[len(before) :]
             self._offsets = (read, len(self.ids))
         visible = self.text
-        cuts = [visible.find(e) for e in self.ends if e in visible]
+        # what was sent holds no end (it was held back), so one starts at most this far back
+        start = max(0, len(self.sent) - self.longest)
+        cuts = [c for c in (visible.find(e, start) for e in self.ends) if c >= 0]
         if cuts:
             visible = visible[: min(cuts)]
         else:  # a tail that may grow into a stop string or the tag waits

@@ -166,8 +166,12 @@ def test_episode_calls_are_recorded_as_extending_steps(tokenizer) -> None:
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer, streamed: bool) -> None:
+    """Through an episode's endpoint, as in training: its two calls are two steps, the second
+    extending the first token-wise (the SDK sends the reply back as output items)."""
     agents = pytest.importorskip("agents")
-    server, engine = _server(tokenizer, [CALL, "The sum is 5."])
+    log = EpisodeLog(Task("t", "2+3?"), "g", "g:0", max_calls=4)
+    replies = [f"Adding.\n{CALL}", "The sum is 5."]
+    server, engine = _server(tokenizer, replies, episodes={"e1": log}.get)
     seen = []
 
     @agents.function_tool
@@ -189,6 +193,7 @@ def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer, streamed:
 
     agents.set_tracing_disabled(True)
     with server:
-        answer = asyncio.run(run(f"{server.base_url}/v1"))
+        answer = asyncio.run(run(f"{server.base_url}/episodes/e1/v1"))
     assert answer == "The sum is 5." and seen == [(2, 3)]
+    assert [c.mode for c in log.calls] == ["rendered", "extended"]
     assert "5.0" in tokenizer.decode(engine.prompts[1])  # the tool's output
