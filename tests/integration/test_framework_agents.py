@@ -58,3 +58,17 @@ def test_the_agents_sdk_exports_no_traces() -> None:
     import docs.examples.agents_sdk_agent  # noqa: F401  (its import switches the export off)
 
     assert get_trace_provider()._disabled
+
+
+def test_the_docs_show_the_files_the_tests_run() -> None:
+    import re
+
+    from tests.conftest import REPO
+
+    page = (REPO / "docs" / "agents.md").read_text()
+    blocks = re.findall(r"```python\n# (docs/examples/\S+)\n(.*?)```", page, re.S)
+    assert [path for path, _ in blocks] == [
+        "docs/examples/agents_sdk_agent.py", "docs/examples/langgraph_agent.py"
+    ]  # fmt: skip
+    for path, code in blocks:
+        assert code == (REPO / path).read_text(), f"docs/agents.md shows an old {path}"
