@@ -152,7 +152,7 @@ def response_body(
     if done is None:
         return body
     choice = done.choices[0]
-    if choice.message.get("content"):
+    if choice.message.get("content") is not None:  # None: the model only called tools
         body["output"].append(message_item(ids, choice.message["content"], "completed"))
     for index, call in enumerate(choice.message.get("tool_calls") or []):
         body["output"].append(call_item(ids, index, call, "completed"))
@@ -256,11 +256,11 @@ async def response_events(
         yield event("error", code="server_error", message=str(exc), param=None)
         return
     final = response_body(req, ids, done)
-    content = done.choices[0].message.get("content") or ""
-    rest = text.rest(content)
-    lines = event.open_message() if rest and not opened else []
+    content = done.choices[0].message.get("content")  # None: the model only called tools
+    rest = text.rest(content or "")
+    lines = event.open_message() if content is not None and not opened else []
     lines += [event.text_delta(rest)] if rest else []
-    lines += event.close_message(content) if content else []
+    lines += event.close_message(content) if content is not None else []
     for index, item in enumerate(final["output"]):
         if item["type"] == "function_call":
             lines += event.call(index, item)
