@@ -7,7 +7,8 @@ import json
 from agents import (
     Agent,
     MaxTurnsExceeded,
-    OpenAIChatCompletionsModel,
+    ModelBehaviorError,
+    OpenAIResponsesModel,
     RunConfig,
     Runner,
     function_tool,
@@ -28,7 +29,7 @@ SYSTEM = (
 
 def _example(call_id: str, question: str, expression: str, result: str) -> list[dict]:
     """One worked exchange as the SDK's input items (a tool call, its output, the answer);
-    each needs a call id of its own: the SDK pairs calls and outputs by id."""
+    each with a call id of its own, as the SDK pairs calls and outputs by id."""
     arguments = json.dumps({"expression": expression})
     call = {"call_id": call_id, "name": "calculator", "arguments": arguments}
     return [
@@ -68,15 +69,16 @@ def calculator(expression: str) -> str:
 @plugin("agent")
 async def solve(task, client: AsyncOpenAI) -> str:
     """One episode: the SDK's agent loop on the policy under training; its final answer."""
-    # Chat Completions: the SDK's default model speaks the Responses API (/v1/responses),
-    # which the policy server does not serve yet
-    model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
+    # the SDK's default API (Responses), on the episode's client rather than a global one
+    model = OpenAIResponsesModel("policy", client)
     agent = Agent(name="calculator", instructions=SYSTEM, tools=[calculator], model=model)
     question = [*EXAMPLES, {"role": "user", "content": task.prompt}]
+    # a call of a tool that does not exist is answered with an error, as the env does
+    config = RunConfig(tracing_disabled=True, tool_not_found_behavior="return_error_to_model")
     try:
-        result = await Runner.run(
-            agent, question, max_turns=3, run_config=RunConfig(tracing_disabled=True)
-        )
-    except MaxTurnsExceeded:  # no answer within the env's 3 steps: a wrong answer, no crash
+        result = await Runner.run(agent, question, max_turns=3, run_config=config)
+    except (MaxTurnsExceeded, ModelBehaviorError):
+        # no answer within the env's 3 steps, or a reply the SDK cannot use (one cut at the
+        # run's token budget: "incomplete"): the model's failure, so a wrong answer, no crash
         return ""
     return str(result.final_output)
