@@ -1,20 +1,25 @@
-"""Agent-function rollouts whose agent speaks the Responses API (the OpenAI Agents SDK's
-default): each call is a step holding exactly what the engine saw and sampled, and a call that
-sends the previous output items back extends the previous call token-wise."""
+"""Agents that speak the Responses API (the OpenAI Agents SDK's default): an Agents SDK agent's
+tool round trip against a scripted engine, and agent-function rollouts in which each call is a
+step holding exactly what the engine saw and sampled, a call that sends the previous output
+items back extending the previous call token-wise."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import openai
 import pytest
 
 from agent_core.config import load_config
+from agent_core.models import build_byte_tokenizer
 from agent_core.records import Task
 from agent_core.registry import plugin
 from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.serving.episodes import EpisodeLog
 from tests.integration.test_agent_rollouts import run_agent
 from tests.integration.test_policy_server import RecordingEngine
+from tests.unit.test_responses_api import CALL, scripted_server
 
 HERE = "tests.integration.test_agent_responses"
 
@@ -51,6 +56,11 @@ async def agents_sdk_agent(task: Task, client: openai.AsyncOpenAI) -> str:
 
 
 @pytest.fixture(scope="module")
+def byte_tokenizer():
+    return build_byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
 
@@ -80,3 +90,38 @@ def test_an_agents_sdk_agent_trains_with_its_defaults(tiny_model_dir, engine) ->
     steps, stats = run_agent(_config(tiny_model_dir, "agents_sdk_agent"), spy)
     assert len(steps) == 4 and stats.env_errors == 0  # one call per episode, recorded
     assert {s.info["end"] for s in steps} <= {"answer"} and len(spy.calls) >= 1
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(byte_tokenizer, streamed: bool) -> None:
+    """Through an episode's endpoint, as in training: its two calls are two steps, the second
+    extending the first token-wise (the SDK sends the reply back as output items)."""
+    agents = pytest.importorskip("agents")
+    log = EpisodeLog(Task("t", "2+3?"), "g", "g:0", max_calls=4)
+    replies = [f"Adding.\n{CALL}", "The sum is 5."]
+    server, engine = scripted_server(byte_tokenizer, replies, episodes={"e1": log}.get)
+    seen = []
+
+    @agents.function_tool
+    def add(a: float, b: float) -> str:
+        """Add two numbers."""
+        seen.append((a, b))
+        return str(a + b)
+
+    async def run(base_url: str) -> str:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        model = agents.OpenAIResponsesModel("policy", client)
+        agent = agents.Agent(name="adder", instructions="Add.", tools=[add], model=model)
+        if not streamed:
+            return (await agents.Runner.run(agent, "What is 2+3?")).final_output
+        result = agents.Runner.run_streamed(agent, "What is 2+3?")
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    agents.set_tracing_disabled(True)
+    with server:
+        answer = asyncio.run(run(f"{server.base_url}/episodes/e1/v1"))
+    assert answer == "The sum is 5." and seen == [(2, 3)]
+    assert [c.mode for c in log.calls] == ["rendered", "extended"]
+    assert "5.0" in byte_tokenizer.decode(engine.prompts[1])  # the tool's output

@@ -1,10 +1,10 @@
-"""The Responses API of the policy server, driven with the OpenAI SDK (and the OpenAI Agents
-SDK with its defaults) against a scripted engine: text and function calls out, function call
-outputs in, whole and streamed, episode calls recorded as the chat path's exact-token steps."""
+"""The Responses API of the policy server, driven with the OpenAI SDK against a scripted engine:
+text and function calls out, function call outputs in, whole and streamed, episode calls
+recorded as the chat path's exact-token steps (the OpenAI Agents SDK against it:
+tests/integration/test_agent_responses.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -53,7 +53,9 @@ def tokenizer():
     return build_byte_tokenizer()
 
 
-def _server(tokenizer, replies: list[str], episodes=None) -> tuple[ServerThread, ScriptedEngine]:
+def scripted_server(
+    tokenizer, replies: list[str], episodes=None
+) -> tuple[ServerThread, ScriptedEngine]:
     engine = ScriptedEngine(tokenizer, replies)
     service = PolicyService(engine, tokenizer, ServerSettings(batch_window_s=0.0))
     return ServerThread(build_app(service, episodes)), engine
@@ -64,7 +66,7 @@ def _client(base_url: str) -> openai.OpenAI:
 
 
 def test_text_and_a_function_call_round_trip(tokenizer) -> None:
-    server, engine = _server(tokenizer, [f"Adding.\n{CALL}", "It is 5.", "again"])
+    server, engine = scripted_server(tokenizer, [f"Adding.\n{CALL}", "It is 5.", "again"])
     with server:
         client = _client(f"{server.base_url}/v1")
         first = client.responses.create(
@@ -94,7 +96,7 @@ def test_text_and_a_function_call_round_trip(tokenizer) -> None:
 
 
 def test_streamed_events_carry_text_then_calls(tokenizer) -> None:
-    server, _ = _server(tokenizer, [f"Adding.\n{CALL}"])
+    server, _ = scripted_server(tokenizer, [f"Adding.\n{CALL}"])
     with server:
         events = list(_client(f"{server.base_url}/v1").responses.create(
             model="policy", input="2+3?", tools=[TOOL], stream=True
@@ -117,7 +119,7 @@ def test_streamed_events_carry_text_then_calls(tokenizer) -> None:
 
 
 def test_a_cut_answer_is_incomplete(tokenizer) -> None:
-    server, _ = _server(tokenizer, ["a long answer", "a long answer"])
+    server, _ = scripted_server(tokenizer, ["a long answer", "a long answer"])
     with server:
         client = _client(f"{server.base_url}/v1")
         whole = client.responses.create(model="policy", input="hi", max_output_tokens=4)
@@ -139,7 +141,7 @@ def test_a_cut_answer_is_incomplete(tokenizer) -> None:
     ],
 )
 def test_what_is_not_served_is_a_400_that_says_so(tokenizer, body: dict, says: str) -> None:
-    server, engine = _server(tokenizer, [])
+    server, engine = scripted_server(tokenizer, [])
     with server, httpx.Client(base_url=server.base_url) as http:
         answer = http.post("/v1/responses", json=body)
     assert answer.status_code == 400 and says in answer.json()["error"]["message"]
@@ -148,7 +150,7 @@ def test_what_is_not_served_is_a_400_that_says_so(tokenizer, body: dict, says: s
 
 def test_episode_calls_are_recorded_as_extending_steps(tokenizer) -> None:
     log = EpisodeLog(Task("t", "2+3?"), "g", "g:0", max_calls=4)
-    server, engine = _server(tokenizer, [CALL, "5."], episodes={"e1": log}.get)
+    server, engine = scripted_server(tokenizer, [CALL, "5."], episodes={"e1": log}.get)
     with server:
         client = _client(f"{server.base_url}/episodes/e1/v1")
         first = client.responses.create(model="policy", input="2+3?", tools=[TOOL])
@@ -162,38 +164,3 @@ def test_episode_calls_are_recorded_as_extending_steps(tokenizer) -> None:
     assert log.calls[1].turn.prompt_ids == engine.prompts[1]
     first_step = log.calls[0].turn
     assert engine.prompts[1][: len(first_step.prompt_ids)] == first_step.prompt_ids
-
-
-@pytest.mark.parametrize("streamed", [False, True])
-def test_an_agents_sdk_agent_with_its_defaults_calls_a_tool(tokenizer, streamed: bool) -> None:
-    """Through an episode's endpoint, as in training: its two calls are two steps, the second
-    extending the first token-wise (the SDK sends the reply back as output items)."""
-    agents = pytest.importorskip("agents")
-    log = EpisodeLog(Task("t", "2+3?"), "g", "g:0", max_calls=4)
-    replies = [f"Adding.\n{CALL}", "The sum is 5."]
-    server, engine = _server(tokenizer, replies, episodes={"e1": log}.get)
-    seen = []
-
-    @agents.function_tool
-    def add(a: float, b: float) -> str:
-        """Add two numbers."""
-        seen.append((a, b))
-        return str(a + b)
-
-    async def run(base_url: str) -> str:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
-        model = agents.OpenAIResponsesModel("policy", client)
-        agent = agents.Agent(name="adder", instructions="Add.", tools=[add], model=model)
-        if not streamed:
-            return (await agents.Runner.run(agent, "What is 2+3?")).final_output
-        result = agents.Runner.run_streamed(agent, "What is 2+3?")
-        async for _ in result.stream_events():
-            pass
-        return result.final_output
-
-    agents.set_tracing_disabled(True)
-    with server:
-        answer = asyncio.run(run(f"{server.base_url}/episodes/e1/v1"))
-    assert answer == "The sum is 5." and seen == [(2, 3)]
-    assert [c.mode for c in log.calls] == ["rendered", "extended"]
-    assert "5.0" in tokenizer.decode(engine.prompts[1])  # the tool's output
