@@ -46,6 +46,15 @@ class ResponsesRequest(BaseModel):
         None, description="Refused: this server keeps no responses (send the whole input)."
     )
     store: bool | None = Field(None, description="Accepted and ignored: nothing is stored.")
+    include: list[str] | None = Field(
+        None, description="'message.output_text.logprobs' adds the text's per-token log-probs."
+    )
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="With those log-probs: alternatives per token."
+    )
+
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or [])
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat request this one stands for; raises ValueError on what it cannot serve."""
@@ -68,7 +77,7 @@ class ResponsesRequest(BaseModel):
             model=self.model, messages=messages,
             tools=[_chat_tool(t) for t in self.tools or []] or None,
             tool_choice=_chat_tool_choice(self.tool_choice), max_tokens=self.max_output_tokens,
-            **sampling,
+            logprobs=self.wants_logprobs(), top_logprobs=self.top_logprobs, **sampling,
         )  # fmt: skip
 
 
@@ -153,7 +162,8 @@ def response_body(
         return body
     choice = done.choices[0]
     if choice.message.get("content") is not None:  # None: the model only called tools
-        body["output"].append(message_item(ids, choice.message["content"], "completed"))
+        logprobs = choice.logprobs.model_dump()["content"] if choice.logprobs else []
+        body["output"].append(message_item(ids, choice.message["content"], "completed", logprobs))
     for index, call in enumerate(choice.message.get("tool_calls") or []):
         body["output"].append(call_item(ids, index, call, "completed"))
     if choice.finish_reason == "length":
@@ -174,8 +184,10 @@ def response_body(
     return body
 
 
-def message_item(ids: ResponseIds, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [_text_part(text)]
+def message_item(
+    ids: ResponseIds, text: str | None, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text, logprobs or [])]
     return {"type": "message", "id": ids.message, "role": "assistant", "status": status,
             "content": content}  # fmt: skip
 
@@ -186,8 +198,8 @@ def call_item(ids: ResponseIds, index: int, call: dict[str, Any], status: str) -
             "name": fn["name"], "arguments": fn["arguments"], "status": status}  # fmt: skip
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 class _Events:
@@ -208,17 +220,18 @@ class _Events:
             self("response.content_part.added", **where, part=_text_part("")),
         ]  # fmt: skip
 
-    def text_delta(self, delta: str) -> str:
+    def text_delta(self, delta: str, logprobs: list[dict[str, Any]]) -> str:
         return self("response.output_text.delta", item_id=self.ids.message, output_index=0,
-                    content_index=0, delta=delta, logprobs=[])  # fmt: skip
+                    content_index=0, delta=delta, logprobs=logprobs)  # fmt: skip
 
-    def close_message(self, text: str) -> list[str]:
+    def close_message(self, item: dict[str, Any]) -> list[str]:
         where = {"item_id": self.ids.message, "output_index": 0, "content_index": 0}
+        part = item["content"][0]
         return [
-            self("response.output_text.done", **where, text=text, logprobs=[]),
-            self("response.content_part.done", **where, part=_text_part(text)),
-            self("response.output_item.done", output_index=0,
-                 item=message_item(self.ids, text, "completed")),
+            self("response.output_text.done", **where, text=part["text"],
+                 logprobs=part["logprobs"]),
+            self("response.content_part.done", **where, part=part),
+            self("response.output_item.done", output_index=0, item=item),
         ]  # fmt: skip
 
     def call(self, output_index: int, item: dict[str, Any]) -> list[str]:
@@ -242,25 +255,31 @@ async def response_events(
     event = _Events(ids)
     yield event("response.created", response=response_body(req, ids, None))
     yield event("response.in_progress", response=response_body(req, ids, None))
-    opened = False
+    opened, pending = False, []  # pending: log-probs of tokens whose text is not sent yet
     try:
-        async for _, token, _ in stream.tokens():
+        async for _, token, logprob in stream.tokens():
             delta = text.push(token)
+            if req.wants_logprobs():
+                word = text.tokenizer.decode([token])
+                pending.append({"token": word, "logprob": logprob, "top_logprobs": []})
             for line in event.open_message() if delta and not opened else []:
                 yield line
             opened = opened or bool(delta)
             if delta:
-                yield event.text_delta(delta)
+                yield event.text_delta(delta, pending)
+                pending = []
         done = stream.result()
     except EngineError as exc:
         yield event("error", code="server_error", message=str(exc), param=None)
         return
     final = response_body(req, ids, done)
-    content = done.choices[0].message.get("content")  # None: the model only called tools
-    rest = text.rest(content or "")
-    lines = event.open_message() if content is not None and not opened else []
-    lines += [event.text_delta(rest)] if rest else []
-    lines += event.close_message(content) if content is not None else []
+    message = final["output"][0] if final["output"][:1] else {}
+    lines = []
+    if message.get("type") == "message":  # none when the model only called tools
+        rest = text.rest(message["content"][0]["text"])
+        lines += event.open_message() if not opened else []
+        lines += [event.text_delta(rest, pending)] if rest else []
+        lines += event.close_message(message)
     for index, item in enumerate(final["output"]):
         if item["type"] == "function_call":
             lines += event.call(index, item)

@@ -164,3 +164,22 @@ def test_episode_calls_are_recorded_as_extending_steps(tokenizer) -> None:
     assert log.calls[1].turn.prompt_ids == engine.prompts[1]
     first_step = log.calls[0].turn
     assert engine.prompts[1][: len(first_step.prompt_ids)] == first_step.prompt_ids
+
+
+def test_logprobs_when_included(tokenizer) -> None:
+    server, _ = scripted_server(tokenizer, ["abc", "abc"])
+    include = ["message.output_text.logprobs"]
+    with server:
+        client = _client(f"{server.base_url}/v1")
+        whole = client.responses.create(model="policy", input="hi", include=include)
+        events = list(client.responses.create(
+            model="policy", input="hi", include=include, stream=True
+        ))  # fmt: skip
+    [part] = whole.output[0].content
+    assert [(lp.token, lp.logprob) for lp in part.logprobs[:3]] == [
+        ("a", -0.25), ("b", -0.25), ("c", -0.25)
+    ]  # fmt: skip
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == ["a", "b", "c"]  # EOS adds no text: its log-prob
+    [done] = [e for e in events if e.type == "response.output_text.done"]  # is in the done event
+    assert len(done.logprobs) == 4
