@@ -107,7 +107,14 @@ def evaluate_policy(
         cfg, engine, seed=cfg.run.seed + EVAL_SEED_OFFSET, temperature=cfg.eval.temperature
     )
     meta = RolloutMeta("eval", 0, version, cfg.env.name)
-    steps, _ = loop.run(tasks, cfg.eval.samples_per_task, meta)
+    steps, stats = loop.run(tasks, cfg.eval.samples_per_task, meta)
+    if not steps:  # every episode lost (an agent's): there is nothing to score or tabulate
+        example = next(iter(stats.lost_episodes.values()), "")
+        raise RuntimeError(
+            f"no held-out episode produced a step (ends: {stats.episode_ends}"
+            f"{', e.g. ' + example if example else ''}); an agent's episodes that time out "
+            "before their first answered call leave none: raise env.agent_timeout_s"
+        )
     by_id = {t.task_id: t for t in tasks}
     engines = judge_engines(cfg, lambda: engine)
     score_steps(steps, by_id, configured_terms(cfg), cfg.reward.env_reward_weight, engines)

@@ -171,6 +171,13 @@ def sampling_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+@plugin("agent")
+def sleepy_agent(task: Task, client: openai.OpenAI) -> float:
+    """Never gets to its first call before the deadline."""
+    time.sleep(60)
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -328,6 +335,14 @@ def test_an_agents_child_processes_end_with_its_episode(tiny_model_dir, engine) 
     while any(running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(pids) == 3 and not any(running(pid) for pid in pids)
+
+
+def test_an_evaluation_whose_episodes_all_time_out_says_so(tiny_model_dir, engine, tmp_path):
+    from agent_core.evaluation import evaluate_policy
+
+    cfg = agent_config(tiny_model_dir, "sleepy_agent", "env.agent_timeout_s=2", "eval.episodes=2")
+    with pytest.raises(RuntimeError, match=r"timeout.*raise env.agent_timeout_s"):
+        evaluate_policy(cfg, engine, 0, "base", tmp_path)
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
