@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -178,6 +179,16 @@ def sleepy_agent(task: Task, client: openai.OpenAI) -> float:
     return 1.0
 
 
+# what the forkserver had imported when it imported this module (the agent's)
+MODULES_AT_IMPORT = set(sys.modules)
+
+
+@plugin("agent")
+def import_listing_agent(task: Task, client: openai.OpenAI) -> str:
+    """The top-level packages its episode's process imported beyond the forkserver's."""
+    return ",".join(sorted({m.split(".")[0] for m in set(sys.modules) - MODULES_AT_IMPORT}))
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
     return HFRolloutEngine(tiny_model_dir)
@@ -343,6 +354,37 @@ def test_an_evaluation_whose_episodes_all_time_out_says_so(tiny_model_dir, engin
     cfg = agent_config(tiny_model_dir, "sleepy_agent", "env.agent_timeout_s=2", "eval.episodes=2")
     with pytest.raises(RuntimeError, match=r"timeout.*raise env.agent_timeout_s"):
         evaluate_policy(cfg, engine, 0, "base", tmp_path)
+
+
+MAIN_PROBE = """
+import asyncio
+
+import prefect  # a heavy main module, as flows.train is
+
+from agent_core.records import Task
+from agent_core.rollout import agent_process
+
+if __name__ == "__main__":
+    agent = "tests.integration.test_agent_rollouts:import_listing_agent"
+    task = Task("t-0", "hi")
+    print(asyncio.run(agent_process.play(agent, "http://127.0.0.1:9/v1", task, 120))[1])
+"""
+
+
+@pytest.mark.parametrize("how", ["-m", "script"])
+def test_episode_processes_do_not_import_the_main_module_again(how: str, tmp_path: Path) -> None:
+    """Each episode's process runs the main module again on starting: its imports are the
+    forkserver's already, whether the run was started with `python -m` or as a script."""
+    from tests.conftest import REPO
+
+    (tmp_path / "main_probe.py").write_text(MAIN_PROBE)
+    command = ["-m", "main_probe"] if how == "-m" else [str(tmp_path / "main_probe.py")]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    out = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = out.stdout.strip().splitlines()[-1].split(",")
+    assert "prefect" not in imported and len(imported) < 10, imported
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
