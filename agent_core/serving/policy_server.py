@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 SinkLookup = Callable[[str], CallSink | None]
 DEFAULT_PRESET = "calculator_grpo"
+KEEP_ALIVE_S = 600  # how long an in-process server keeps an idle client's connection open
 
 
 def build_app(
@@ -205,7 +206,11 @@ class ServerThread:
     """uvicorn serving `app` on 127.0.0.1 from a daemon thread; a context manager."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        # an agent's client keeps its connection between calls; at uvicorn's 5 s an agent
+        # slower than that to call again (a loaded box, a long tool) could send on a connection
+        # the server was closing, an APIConnectionError its client does not retry
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_keep_alive=KEEP_ALIVE_S)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="policy-http")
         self.host = host

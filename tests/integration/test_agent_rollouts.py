@@ -387,6 +387,23 @@ def test_episode_processes_do_not_import_the_main_module_again(how: str, tmp_pat
     assert "prefect" not in imported and len(imported) < 10, imported
 
 
+def test_an_idle_agents_connection_stays_open(tiny_tokenizer, engine) -> None:
+    """A connection idle for longer than uvicorn's default 5 s keep-alive still answers, so an
+    agent slow to make its next call never sends on a connection being closed."""
+    import socket
+
+    service = PolicyService(engine, tiny_tokenizer, ServerSettings())
+    request = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with ServerThread(build_app(service)) as server:
+        host, port = server.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(request)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(6)
+            conn.sendall(request)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+
+
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
     log = EpisodeLog(Task("t", "hi"), "g", "g:0", max_calls=3)
     service = PolicyService(engine, tiny_tokenizer, ServerSettings())
