@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import warnings
 from contextlib import suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,6 +24,12 @@ from agent_core.records import Task
 from agent_core.registry import resolve
 
 KILL_WAIT_S = 5.0
+# each episode's process runs a `python -m` main module again as '__mp_main__' (what
+# multiprocessing does); runpy warns on every one that the module is loaded already (it is
+# preloaded on purpose: main_imports). The forkserver imports this module, so they inherit this.
+warnings.filterwarnings(
+    "ignore", r"'.*' found in sys\.modules after import of package", RuntimeWarning, "runpy"
+)
 
 
 def _run_agent(agent: str, url: str, task: Task, timeout_s: float) -> Any:
@@ -67,7 +74,8 @@ def _context(agent: str) -> multiprocessing.context.ForkServerContext:
     # the SDK's chat, completions and responses resources are imported on a client's first call
     sdk = ["openai", "openai.resources.chat.chat", "openai.resources.chat.completions",
            "openai.resources.completions", "openai.resources.responses.responses"]  # fmt: skip
-    ctx.set_forkserver_preload(["__main__", *main_imports(), *sdk, agent.partition(":")[0]])
+    preload = ["__main__", __name__, *main_imports(), *sdk, agent.partition(":")[0]]
+    ctx.set_forkserver_preload(preload)
     return ctx
 
 
