@@ -512,7 +512,9 @@ def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[
     t = cfg.tracking
     falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], t.warn_reward_falling)
     added = {"warning/reward_falling_iterations": float(falling)}
-    warnings = update_warnings(metrics | added, t.warn_advantage_bias, t.warn_reward_falling)
+    warnings = update_warnings(
+        metrics | added, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode
+    )
     for warning in warnings:
         log.warning("iteration %d: %s", iteration, warning)
     return added | {"warning/count": float(len(warnings))}

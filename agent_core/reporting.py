@@ -205,7 +205,9 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
             )
         lines.append(lean)
     t = cfg.tracking
-    warnings = update_warnings(m, t.warn_advantage_bias, t.warn_reward_falling)
+    warnings = update_warnings(
+        m, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode
+    )
     return lines + [f"  warning: {w}" for w in warnings]
 
 

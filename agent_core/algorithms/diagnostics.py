@@ -97,22 +97,26 @@ def falling_streak(history: list[float]) -> int:
     return streak
 
 
-def update_warnings(metrics: dict[str, float], bias_limit: float, falling_limit: int) -> list[str]:
+def update_warnings(
+    metrics: dict[str, float], bias_limit: float, falling_limit: int, mode: str
+) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
-    beyond `bias_limit` of the mean |advantage|, or the sampled reward falling `falling_limit`
-    (> 0) iterations in a row."""
+    (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, or the sampled
+    reward falling `falling_limit` (> 0) iterations in a row."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
     if abs(bias) > bias_limit:
         direction = "down" if bias < 0 else "up"
+        hint = " (trainer.loss_agg_mode=traj-mean-token-mean weighs each trajectory alike)"
+        if mode == "traj-mean-token-mean":
+            hint = ""
         out.append(
             f"the loss-weighted mean advantage is {metrics['advantage/weighted_mean']:+.3f} "
             f"({bias:+.2f} of its mean size): the update pushes most sampled tokens {direction}; "
             f"{metrics.get('loss_weight/failed_share', 0.0):.0%} of the loss weight is on failed "
-            "trajectories (a trajectory-level aggregation, trainer.loss_agg_mode="
-            "traj-mean-token-mean, weighs each trajectory alike)"
+            f"trajectories{hint}"
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))
     if falling_limit > 0 and streak >= falling_limit:
-        out.append(f"the sampled reward/mean fell {streak} iterations in a row")
+        out.append(f"the sampled reward/mean fell {streak} iteration(s) in a row")
     return out

@@ -145,11 +145,14 @@ def test_warnings_and_console_lines() -> None:
         "actor/policy_loss": 0.1, "warning/reward_falling_iterations": 3.0,
         "actor/reward_before_update": 0.5, "actor/reward_after_update_estimate": 0.42,
     }  # fmt: skip
-    warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3)
+    warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3, mode="token-mean")
     assert len(warnings) == 2
     assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
-    assert "fell 3 iterations in a row" in warnings[1]
-    assert update_warnings(metrics, bias_limit=0.6, falling_limit=0) == []
+    assert "traj-mean-token-mean" in warnings[0]  # the fix, named where it is not in use
+    assert "fell 3 iteration(s) in a row" in warnings[1]
+    assert update_warnings(metrics, 0.6, 0, "token-mean") == []
+    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean")
+    assert len(in_use) == 1 and "traj-mean-token-mean" not in in_use[0]
     lines = console_lines(cfg, 4, metrics)
     assert lines[0].startswith("iteration 4: reward/mean=0.500")
     assert "advantage=-0.250 (bias -0.50) failed-trajectory weight=0.75" in lines[1]
