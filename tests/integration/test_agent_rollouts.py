@@ -390,7 +390,19 @@ def test_episode_processes_do_not_import_the_main_module_again(how: str, tmp_pat
 def test_an_idle_agents_connection_stays_open(tiny_tokenizer, engine) -> None:
     """A connection idle for longer than uvicorn's default 5 s keep-alive still answers, so an
     agent slow to make its next call never sends on a connection being closed."""
+    import re
     import socket
+
+    def response(conn: socket.socket) -> bytes:
+        """One whole response: the head and its Content-Length body (they may come apart)."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536) or pytest.fail(f"connection closed after {data!r}")
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            body += conn.recv(65536) or pytest.fail(f"connection closed after {data!r}")
+        return head
 
     service = PolicyService(engine, tiny_tokenizer, ServerSettings())
     request = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -398,10 +410,10 @@ def test_an_idle_agents_connection_stays_open(tiny_tokenizer, engine) -> None:
         host, port = server.base_url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(request)
-            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+            assert response(conn).startswith(b"HTTP/1.1 200")
             time.sleep(6)
             conn.sendall(request)
-            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+            assert response(conn).startswith(b"HTTP/1.1 200")
 
 
 def test_calls_after_the_end_are_refused(tiny_tokenizer, engine) -> None:
