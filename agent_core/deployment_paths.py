@@ -56,24 +56,24 @@ def _shown(roots: list[Path]) -> str:
     return ", ".join(str(root.resolve()) for root in roots)
 
 
-def _read_problem(path: str | Path, limits: DeploymentLimits) -> str | None:
-    roots = read_roots(limits)
+def _root_problem(
+    path: str | Path, roots: list[Path], what: str, verb: str, fix: str
+) -> str | None:
     if not _outside(path, roots):
         return None
     return (
-        f"path {str(path)!r} is outside the folders a deployment run may read "
-        f"({_shown(roots)}): {HOW_TO_READ}"
+        f"{what} {str(path)!r} is outside the folders a deployment run may {verb} "
+        f"({_shown(roots)}): {fix}"
     )
+
+
+def _read_problem(path: str | Path, limits: DeploymentLimits) -> str | None:
+    return _root_problem(path, read_roots(limits), "path", "read", HOW_TO_READ)
 
 
 def _write_problem(path: str | Path, limits: DeploymentLimits, what: str) -> str | None:
-    roots = write_roots(limits)
-    if not _outside(path, roots):
-        return None
-    return (
-        f"{what} {str(path)!r} is outside the folders a deployment run may write "
-        f"({_shown(roots)}): choose a folder under them"
-    )
+    fix = "choose a folder under them"
+    return _root_problem(path, write_roots(limits), what, "write", fix)
 
 
 def _read_fields(config: RunConfig) -> list[tuple[str, str]]:
