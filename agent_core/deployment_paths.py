@@ -15,7 +15,7 @@ from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import RunConfig
 from configs.search import SearchToolOptions
 
-__all__ = ["check_checkpoint", "path_problems", "read_roots", "write_roots"]
+__all__ = ["check_checkpoint", "path_problems", "read_roots", "shown_roots", "write_roots"]
 
 HOW_TO_READ = "restart `steprl serve` with `--data-root <the folder holding it>` to allow it"
 # `vllm serve` flags a deployment run may add (rollout.vllm.extra_args): sizes and switches
@@ -52,7 +52,8 @@ def _outside(path: str | Path, roots: list[Path]) -> bool:
     return not any(where.is_relative_to(root.resolve()) for root in roots)
 
 
-def _shown(roots: list[Path]) -> str:
+def shown_roots(roots: list[Path]) -> str:
+    """The roots as the resolved paths messages show."""
     return ", ".join(str(root.resolve()) for root in roots)
 
 
@@ -63,7 +64,7 @@ def _root_problem(
         return None
     return (
         f"{what} {str(path)!r} is outside the folders a deployment run may {verb} "
-        f"({_shown(roots)}): {fix}"
+        f"({shown_roots(roots)}): {fix}"
     )
 
 

@@ -24,7 +24,7 @@ from prefect import serve
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
 from agent_core.config import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
-from agent_core.deployment_paths import read_roots, write_roots
+from agent_core.deployment_paths import read_roots, shown_roots, write_roots
 from agent_core.serving.gate import LOOPBACK_NAMES, WILDCARD_BINDS, is_loopback, server_names
 from flows.evaluate import evaluate
 from flows.train import train
@@ -327,12 +327,11 @@ def announce_limits(limits: DeploymentLimits) -> None:
     environment; a run's parameters cannot change it) and say what they allow."""
     os.environ[DEPLOYMENT_LIMITS_ENV] = limits.model_dump_json()
     modules = ", ".join(limits.modules) or "none (steprl's own names only; --allow-module)"
-    roots = ", ".join(str(root.resolve()) for root in read_roots(limits))
+    roots = shown_roots(read_roots(limits))
     pythons = ", ".join(limits.pythons) or "none (make vllm-env; --allow-python)"
     print(
         f"Deployment runs may import: {modules}; read under: {roots} (--data-root); write "
-        f"under: {', '.join(str(r.resolve()) for r in write_roots(limits))}; start vLLM "
-        f"with: {pythons}",
+        f"under: {shown_roots(write_roots(limits))}; start vLLM with: {pythons}",
         flush=True,
     )
 
