@@ -3,7 +3,9 @@ and real Prefect + MLflow servers for the serve / UI tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +56,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """End a process started with `start_new_session=True` and everything it started:
+    SIGTERM, then SIGKILL when it has not exited 20 s later."""
+    for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+            return
 
 
 def hold_run_lock(run_dir: Path) -> subprocess.Popen:

@@ -5,9 +5,7 @@ each field and how to allow it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ import httpx
 import pytest
 
 from agent_core.config import load_config
+from tests.conftest import stop_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -113,12 +112,7 @@ def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
         created = _create_run(served, f"{api}/deployments/{deployment}/create_flow_run", parameters)
         state = _final_state(api, created["id"])
     finally:
-        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(runner.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                runner.wait(timeout=grace)
-                break
+        stop_process_group(runner)
     message = state["message"] or ""
     assert state["type"] == "FAILED", state
     assert "Deployment runs may import: os" in log.read_text(errors="replace")

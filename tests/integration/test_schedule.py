@@ -4,9 +4,7 @@ fired by the schedule of a served deployment continues the existing run."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from mlflow import MlflowClient
 
 from configs.run_config import TrainerSection
 from flows.serve import build_deployments
+from tests.conftest import stop_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -119,12 +118,7 @@ def test_a_scheduled_run_continues_the_run(served) -> None:
             runs = _scheduled_runs(served, deployment.json()["id"])
             completed = [r for r in runs if r["state"]["type"] == "COMPLETED"]
     finally:
-        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(runner.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                runner.wait(timeout=grace)
-                break
+        stop_process_group(runner)
     assert completed, f"no scheduled run completed\n{log.read_text(errors='replace')[-3000:]}"
     assert completed[0]["parameters"]["config"]["run"]["continue_for"] == 1
     for run in runs:  # any other one that finished was refused by the lock

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import httpx
 import pytest
 from mlflow import MlflowClient
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from tests.conftest import stop_process_group
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -95,12 +96,7 @@ def runner(served) -> Iterator[Path]:
         _wait_for("the train/smoke deployment", registered, RUNNER_START_S, lambda: _tail(log))
         yield log
     finally:
-        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace)
-                break
+        stop_process_group(proc)
 
 
 @pytest.fixture(scope="module")
