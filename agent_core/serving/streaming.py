@@ -123,6 +123,30 @@ def sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
+async def _events(
+    stream: TokenStream[Any], head: dict[str, Any],
+    token_choice: Callable[[int, int, float], dict[str, Any] | None],
+    last_chunks: Callable[[Any], list[dict[str, Any]]], include_usage: bool,
+) -> AsyncIterator[str]:  # fmt: skip
+    """The chunks both kinds of answer send (`head` in each): one per token that
+    `token_choice` makes a choice of, an error event if the engine call fails, else the
+    answer's `last_chunks`, usage when asked, and [DONE]."""
+    try:
+        async for index, token, logprob in stream.tokens():
+            choice = token_choice(index, token, logprob)
+            if choice is not None:
+                yield sse({**head, "choices": [choice]})
+        done = stream.result()
+    except EngineError as exc:
+        yield sse({"error": {"message": str(exc), "type": "server_error", "code": None}})
+        return
+    for chunk in last_chunks(done):
+        yield sse({**head, **chunk})
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": done.usage.model_dump()})
+    yield "data: [DONE]\n\n"
+
+
 async def chat_events(
     stream: TokenStream[ChatCompletion], n: int, texts: TextStreams, head: dict[str, Any],
     token_logprobs: bool, include_usage: bool,
@@ -131,27 +155,25 @@ async def chat_events(
     per token (with its log-prob when `token_logprobs`), then per choice the rest (tool calls;
     log-probs with alternatives, which need the whole answer) with the finish reason and
     steprl's token ids; usage last when asked."""
+
+    def token_choice(index: int, token: int, logprob: float) -> dict[str, Any] | None:
+        text = texts[index].push(token)
+        if not (text or token_logprobs):
+            return None
+        choice = _delta(index, {"content": text})
+        if token_logprobs:
+            entry = _logprob(texts[index].tokenizer, token, logprob)
+            choice["logprobs"] = {"content": [entry]}
+        return choice
+
+    def last_chunks(done: ChatCompletion) -> list[dict[str, Any]]:
+        return [{"choices": [_last_chunk(choice, texts[choice.index], token_logprobs)],
+                 "prompt_token_ids": done.prompt_token_ids} for choice in done.choices]  # fmt: skip
+
     for index in range(n):
         yield sse({**head, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
-    try:
-        async for index, token, logprob in stream.tokens():
-            text = texts[index].push(token)
-            if text or token_logprobs:
-                choice = _delta(index, {"content": text})
-                if token_logprobs:
-                    entry = _logprob(texts[index].tokenizer, token, logprob)
-                    choice["logprobs"] = {"content": [entry]}
-                yield sse({**head, "choices": [choice]})
-        done = stream.result()
-    except EngineError as exc:
-        yield sse({"error": {"message": str(exc), "type": "server_error", "code": None}})
-        return
-    for choice in done.choices:
-        yield sse({**head, "choices": [_last_chunk(choice, texts[choice.index], token_logprobs)],
-                   "prompt_token_ids": done.prompt_token_ids})  # fmt: skip
-    if include_usage:
-        yield sse({**head, "choices": [], "usage": done.usage.model_dump()})
-    yield "data: [DONE]\n\n"
+    async for event in _events(stream, head, token_choice, last_chunks, include_usage):
+        yield event
 
 
 def _last_chunk(choice: ChatChoice, text: TextStream, token_logprobs: bool) -> dict[str, Any]:
@@ -181,30 +203,33 @@ async def completion_events(
     """Completion chunks (`head`: id, object, created, model): text per token (with its
     log-prob when `token_logprobs`), then per choice the rest with the finish reason (and the
     log-probs with alternatives, which need the whole answer); usage last when asked."""
-    try:
-        async for index, token, logprob in stream.tokens():
-            offset = len(texts[index].text)  # where the token's text starts
-            text = texts[index].push(token)
-            if text or token_logprobs:
-                choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": None}
-                if token_logprobs:
-                    word = texts[index].tokenizer.decode([token])
-                    choice["logprobs"] = {
-                        "tokens": [word], "token_logprobs": [logprob], "top_logprobs": None,
-                        "text_offset": [offset],
-                    }  # fmt: skip
-                yield sse({**head, "choices": [choice]})
-        done = stream.result()
-    except EngineError as exc:
-        yield sse({"error": {"message": str(exc), "type": "server_error", "code": None}})
-        return
-    for choice in done.choices:
-        last = {"index": choice.index, "text": texts[choice.index].rest(choice.text),
+
+    def token_choice(index: int, token: int, logprob: float) -> dict[str, Any] | None:
+        offset = len(texts[index].text)  # where the token's text starts
+        text = texts[index].push(token)
+        if not (text or token_logprobs):
+            return None
+        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": None}
+        if token_logprobs:
+            word = texts[index].tokenizer.decode([token])
+            choice["logprobs"] = {
+                "tokens": [word], "token_logprobs": [logprob], "top_logprobs": None,
+                "text_offset": [offset],
+            }  # fmt: skip
+        return choice
+
+    def last_chunks(done: Completion) -> list[dict[str, Any]]:
+        chunks = []
+        for choice in done.choices:
+            last = {
+                "index": choice.index, "text": texts[choice.index].rest(choice.text),
                 "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason,
-                "token_ids": choice.token_ids, "token_logprobs": choice.token_logprobs}  # fmt: skip
-        if choice.logprobs is not None and not token_logprobs:
-            last["logprobs"] = choice.logprobs.model_dump()
-        yield sse({**head, "choices": [last]})
-    if include_usage:
-        yield sse({**head, "choices": [], "usage": done.usage.model_dump()})
-    yield "data: [DONE]\n\n"
+                "token_ids": choice.token_ids, "token_logprobs": choice.token_logprobs,
+            }  # fmt: skip
+            if choice.logprobs is not None and not token_logprobs:
+                last["logprobs"] = choice.logprobs.model_dump()
+            chunks.append({"choices": [last]})
+        return chunks
+
+    async for event in _events(stream, head, token_choice, last_chunks, include_usage):
+        yield event
