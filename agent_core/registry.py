@@ -86,10 +86,15 @@ def is_plugin(obj: Any, role: str) -> bool:
     return any(vars(owner).get(ROLE_MARK) == role for owner in owners)
 
 
+def is_module_name(name: str) -> bool:
+    """Whether `name` is a dotted module name (each part an identifier)."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
 def _import_attribute(kind: str, name: str) -> Any:
     """The attribute a 'module:attribute' name points at, imported only when allowed."""
     module_name, _, attr = name.partition(":")
-    if not (all(p.isidentifier() for p in module_name.split(".")) and attr.isidentifier()):
+    if not (is_module_name(module_name) and attr.isidentifier()):
         raise UnknownNameError(
             f"{kind} {name!r}: give 'package.module:attribute' (dotted module, one attribute)"
         )

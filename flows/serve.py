@@ -25,6 +25,7 @@ from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary
 
 from agent_core.config import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
 from agent_core.deployment_paths import read_roots, shown_roots, write_roots
+from agent_core.registry import is_module_name
 from agent_core.serving.gate import LOOPBACK_NAMES, WILDCARD_BINDS, is_loopback, server_names
 from flows.evaluate import evaluate
 from flows.train import train
@@ -295,7 +296,7 @@ def deployment_limits_from(
     made it, .vllm-venv's Python; refuses a module name that is no dotted name, a root that
     is no folder, a Python that is no executable file and a variable name that is none."""
     for module in allow_modules:
-        if not all(part.isidentifier() for part in module.split(".")):
+        if not is_module_name(module):
             raise ValueError(
                 f"--allow-module {module!r}: give a module name, e.g. my_pkg or my_pkg.rewards"
             )
