@@ -173,6 +173,7 @@ class CallWatch:
     peak_memory: int = 0
     _next_memory: float = 0.0
     _next_disk: float = 0.0
+    _in_folders: int = 0
     pids: list[int] = field(default_factory=list)
 
     def check(self) -> tuple[str, str] | None:
@@ -192,17 +193,16 @@ class CallWatch:
             )
         if self.scratch is None:
             return None
-        if now < self._next_disk:  # the disk is polled less often than memory
-            return None
-        self._next_disk = now + DISK_POLL_S
-        in_folders = written_bytes(self.scratch)
-        if self.owner is not None:
-            in_folders += sum(written_bytes(f, self.owner) for f in SHARED_WRITABLE)
+        if now >= self._next_disk:  # walking folders costs more than reading a few /proc links
+            self._next_disk = now + DISK_POLL_S
+            self._in_folders = written_bytes(self.scratch)
+            if self.owner is not None:
+                self._in_folders += sum(written_bytes(f, self.owner) for f in SHARED_WRITABLE)
         held = held_deleted_bytes(self.pids)
-        if in_folders + held <= self.scratch_limit:
+        if self._in_folders + held <= self.scratch_limit:
             return None
         also = f", {held // mib}MB of it in deleted files still held" if held else ""
         return "scratch", (
-            f"scratch limit: {(in_folders + held) // mib}MB written{also} (limit "
+            f"scratch limit: {(self._in_folders + held) // mib}MB written{also} (limit "
             f"{self.scratch_limit // mib}MB)"
         )
