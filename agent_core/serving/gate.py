@@ -61,9 +61,10 @@ class RequestGate:
     must be http://<name>:<the port the request came in on>."""
 
     def __init__(
-        self, app: Any, names: Iterable[str], api_key: str = "", max_body_bytes: int = 4 * 2**20,
-        body_timeout_s: float = 10.0, max_concurrent: int = 64,
+        self, app: Any, names: Iterable[str], *, api_key: str, max_body_bytes: int,
+        body_timeout_s: float, max_concurrent: int,
     ) -> None:  # fmt: skip
+        # no defaults: the values are `ServerSettings`' (api_key ... max_concurrent_requests)
         self.app, self.api_key = app, api_key
         self.names = {n.lower().strip("[]") for n in names}
         self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
