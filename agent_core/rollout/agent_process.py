@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import inspect
 import multiprocessing
 import os
@@ -66,10 +67,12 @@ def _child(
     conn.close()
 
 
+@functools.cache
 def _context(agent: str) -> multiprocessing.context.ForkServerContext:
     """The forkserver context; its server (started on first use) imports the agent's module
     and the OpenAI SDK once, so each episode's process starts in milliseconds. Forking the
-    rollout process itself is unsafe (its engine and server threads hold locks)."""
+    rollout process itself is unsafe (its engine and server threads hold locks). Made once per
+    agent: the main module is read and parsed for its imports once, not per episode."""
     ctx = multiprocessing.get_context("forkserver")
     # the SDK's chat, completions and responses resources are imported on a client's first call
     sdk = ["openai", "openai.resources.chat.chat", "openai.resources.chat.completions",
