@@ -130,20 +130,18 @@ def build_app(
         sink = sink_of(episode_id)
         return await guarded(sink, respond(req, sink))
 
+    async def complete(req: CompletionRequest) -> Any:
+        if not req.stream:
+            return (await service.complete(req)).model_dump()
+        stream = await TokenStream(lambda on: service.complete(req, on)).start()
+        return _stream_response(stream, completion_events(
+            stream, _texts(service, req), _head(req, "cmpl", "text_completion"),
+            req.logprobs == 0, req.include_usage(),
+        ))  # fmt: skip
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Any:
-        try:
-            if req.stream:
-                stream = await TokenStream(lambda on: service.complete(req, on)).start()
-                return _stream_response(stream, completion_events(
-                    stream, _texts(service, req), _head(req, "cmpl", "text_completion"),
-                    req.logprobs == 0, req.include_usage(),
-                ))  # fmt: skip
-            return (await service.complete(req)).model_dump()
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
-        except EngineError as exc:
-            raise HTTPException(500, str(exc)) from None
+        return await guarded(None, complete(req))
 
     @app.post("/steprl/reload")
     async def reload(req: ReloadRequest, authorization: str = Header("")) -> dict[str, Any]:
