@@ -145,11 +145,12 @@ class ChatPrompts:
         self.flow = AgentFlow(tokenizer, tool_prompt)
 
     def build(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], previous: Turn | None
-    ) -> tuple[list[Message], list[int], PromptMode]:
-        """(converted messages, prompt ids, how they were built). A call extends `previous`
-        when its messages are the previous call's, the returned reply, then new messages."""
-        converted = to_messages(messages)
+        self, messages: list[dict[str, Any]], converted: list[Message],
+        tools: list[dict[str, Any]], previous: Turn | None,
+    ) -> tuple[list[Message], list[int], PromptMode]:  # fmt: skip
+        """(converted messages, prompt ids, how they were built); `converted`: `messages`
+        through `to_messages` (the caller's check made them). A call extends `previous` when
+        its messages are the previous call's, the returned reply, then new messages."""
         k = len(previous.request) if previous else 0
         if (
             previous is None

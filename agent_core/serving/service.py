@@ -206,11 +206,12 @@ class PolicyService:
             sink.check_open()
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
         check_tools(tools)
-        to_messages(req.messages)  # malformed messages are refused here, on the loop (cheap)
+        # malformed messages are refused here, on the loop (cheap)
+        messages = to_messages(req.messages)
         self._check_chars(sum(len(json.dumps(m, ensure_ascii=False)) for m in req.messages))
         previous = sink.previous(req.model) if sink is not None else None
         converted, prompt_ids, mode = await self._off_loop(
-            self.prompts.build, req.messages, tools, previous
+            self.prompts.build, req.messages, messages, tools, previous
         )
         self._check_prompts([prompt_ids], req.n)
         gens = await self.batcher.generate(
