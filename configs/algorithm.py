@@ -1,0 +1,73 @@
+"""The `algorithm` section: credit assignment over agent steps, i.e. the advantage estimator
+(GRPO, RLOO, GiGPO, REINFORCE++, GAE) and its knobs, and which estimators form which family."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from configs.base import Section
+
+# The built-in estimators, split in two: those that read algorithm.kl_coef (KL-shaped
+# rewards), and those whose baseline is the episode group (a group of one has episode
+# advantage 0; they ignore kl_coef). A test checks both against agent_core's ESTIMATORS.
+KL_REWARD_ESTIMATORS = ("reinforce_pp", "gae")
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
+
+
+class AlgorithmSection(Section):
+    """Credit assignment: returns and advantages over steps."""
+
+    estimator: str = Field(
+        "grpo", description="Advantage estimator from agent_core.algorithms.ESTIMATORS."
+    )
+    gamma: float = Field(
+        1.0, ge=0.0, le=1.0, description="Discount across agent steps (not tokens)."
+    )
+    norm_by_std: bool = Field(
+        False,
+        description="'grpo', 'gigpo': divide the group-centred return by the group std "
+        "(True = GRPO as published; False = Dr. GRPO, centring only). The group std turns tiny "
+        "reward differences into full-size advantages and, with a stochastic payout, favours "
+        "the option that pays often over the one that pays more on average.",
+    )
+    batch_std: bool = Field(
+        True,
+        description="'grpo': divide the group-centred advantages by their std over all of the "
+        "iteration's trajectories (one scale for the whole batch, so the learning rate means "
+        "the same for any reward scale, and the expected gradient keeps its direction).",
+    )
+    epsilon: float = Field(1e-6, gt=0.0, description="Added to the std before dividing.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (estimator 'gae').")
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="KL-in-reward: each step's reward -= kl_coef * KL(rollout policy || "
+        "reference) summed over its tokens (estimators 'reinforce_pp' and 'gae'). Loads a frozen "
+        "reference model.",
+    )
+    whiten_advantages: bool = Field(
+        True, description="'reinforce_pp' and 'gae': batch-global (A - mean) / std."
+    )
+    step_advantage_weight: float = Field(
+        1.0, ge=0.0, description="'gigpo': weight of the anchor-state step advantage."
+    )
+    gigpo_episode_return: Literal["undiscounted", "discounted"] = Field(
+        "undiscounted",
+        description="'gigpo': the episode-level term's return. 'undiscounted' = the sum of the "
+        "trajectory's rewards, as in the GiGPO paper and verl-agent; 'discounted' = its "
+        "gamma-discounted return from step 0 (steprl's earlier variant). The step-level term "
+        "always uses discounted step returns.",
+    )
+
+    @model_validator(mode="after")
+    def _kl_coef_is_read(self) -> AlgorithmSection:
+        if self.kl_coef > 0 and self.estimator in GROUP_ESTIMATORS:  # they ignore kl_coef
+            raise ValueError(
+                f"algorithm.kl_coef={self.kl_coef} has no effect with algorithm.estimator="
+                f"{self.estimator!r} (only {' and '.join(KL_REWARD_ESTIMATORS)} shape rewards "
+                "with KL): set algorithm.kl_coef=0, or use trainer.kl_loss_coef for a KL "
+                "term in the loss"
+            )
+        return self

@@ -1,0 +1,226 @@
+"""The `trainer` section: the DeepSpeed policy update, its fields in documented groups like TRL's
+GRPOConfig (optimisation, batching, policy loss, KL to a reference, value head, precision and
+memory, devices and distribution, LoRA, checkpoints, diagnostics)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from configs.base import Section
+from configs.lora import LoraSection
+
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0, strict=True)]
+
+
+class TrainerSection(Section):
+    """The DeepSpeed policy update."""
+
+    # --- Optimisation ---
+    # AdamW and the passes over each iteration's rows: how big a step the update takes and how
+    # often it steps over the same rows (PPO epochs).
+    learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[AdamBeta, AdamBeta] = Field(
+        (0.9, 0.999),
+        strict=False,  # YAML and JSON give a list; each beta stays strict (AdamBeta)
+        description="AdamW betas (beta1, beta2), each in [0, 1).",
+    )
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    epochs: int = Field(1, ge=1, description="Passes over the iteration's steps (PPO epochs).")
+
+    # --- Batching ---
+    # Which step rows enter the update and how they are cut and laid out: rows per optimizer step
+    # (mini-batch) and per forward/backward (micro-batch), then the layout switches (packed
+    # trajectories, a shared-prefix tree), which keep the gradient and trade memory for speed.
+    micro_batch_size: int = Field(
+        4,
+        ge=1,
+        description="Sequences per forward/backward (micro-batch); with shared_prefix the most "
+        "a micro-batch's prefix tree may hold.",
+    )
+    mini_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Step rows per optimizer step; gradients of its micro-batches accumulate. "
+        "Must be a multiple of micro_batch_size.",
+    )
+    micro_batch_tokens: int = Field(
+        1024,
+        ge=16,
+        description="With shared_prefix: most tree positions per micro-batch (micro_batch_size "
+        "still caps its sequences). Attention over a tree costs tokens^2, so 512-2048 is the "
+        "useful range on a 135M model (bench/update.py --tree-tokens).",
+    )
+    pack_trajectories: bool = Field(
+        True,
+        description="Pack each append-only trajectory's steps into one sequence (same gradient, "
+        "O(T) instead of O(T^2) tokens); other trajectories train step by step.",
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="Merge each micro-batch's sequences into one prefix tree with a tree "
+        "attention mask: a prefix shared by many rows (system prompt, worked examples, a "
+        "group's task) is processed once. Same loss and gradients; false = left-padded rows.",
+    )
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave rows whose advantage is exactly 0 out of the update: they carry no "
+        "policy gradient, so this only saves compute (the token-mean is over the rest). "
+        "Ignored when a value head, a KL loss or an entropy bonus makes such rows matter.",
+    )
+
+    # --- Policy loss ---
+    # The clipped PPO-style surrogate: the importance ratio's clip ranges and its denominator, how
+    # per-token losses reduce to one scalar, and the entropy bonus.
+    clip_eps: float = Field(
+        0.2, gt=0.0, description="PPO clip range for the importance ratio (1 - eps, 1 + eps)."
+    )
+    clip_eps_high: float | None = Field(
+        None,
+        gt=0.0,
+        description="Upper clip range (DAPO 'clip-higher'); None = clip_eps.",
+    )
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual clip (verl): for negative advantages the loss is capped at "
+        "-A * clip_ratio_c, e.g. 3.0; None = off.",
+    )
+    old_logprobs: Literal["rollout", "recompute"] = Field(
+        "rollout",
+        description="Importance-ratio denominator: the log-probs stored at rollout, or "
+        "recomputed by the trainer before the update (use when rollout and trainer numerics "
+        "differ, e.g. bf16 rollout weights).",
+    )
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean"
+    ] = Field(
+        "token-mean",
+        description="How per-token losses reduce to a scalar over a mini-batch: mean over all "
+        "response tokens; mean over steps of each step's token sum / token mean; or "
+        "traj-mean-token-mean: mean over trajectories (all steps of one episode) of each "
+        "trajectory's token mean, so a 6-step failure weighs what a 1-step success weighs.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="Entropy bonus weight (the loss subtracts coef * entropy)."
+    )
+
+    # --- KL to a reference ---
+    # A KL(policy || frozen reference) term in the loss (KL shaped into the reward is
+    # algorithm.kl_coef instead). Any coefficient > 0 loads a reference copy of the base model.
+    kl_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of a KL(policy || frozen reference) term in the loss, reference "
+        "log-probs computed in the update. Loads a reference copy of the base model.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Per-token KL estimator of the KL loss: k1 = log ratio, k3 = "
+        "exp(-r) + r - 1 (unbiased, >= 0).",
+    )
+    kl_clamp: float | None = Field(
+        None,
+        gt=0.0,
+        description="Clamp each token's KL-loss estimate to [-kl_clamp, kl_clamp] (verl clamps "
+        "k3 to [-10, 10], i.e. 10.0); None = no clamp.",
+    )
+
+    # --- Value head ---
+    # A value head on the policy and its clipped loss; estimator 'gae' needs it.
+    value_head: bool = Field(
+        False,
+        description="Add a value head (read at each step's last prompt token) trained with a "
+        "clipped value loss; required by estimator 'gae'.",
+    )
+    value_loss_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
+    value_clip: float | None = Field(
+        0.2, gt=0.0, description="Value-loss clip range around the rollout-time value; None = off."
+    )
+
+    # --- Precision and memory ---
+    # Numerics of the update's forward/backward and trading compute for activation memory.
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32",
+        description="Compute dtype of the update: 'bfloat16' = fp32 master weights with bf16 "
+        "autocast for forward/backward; 'auto' = bfloat16 where the device computes it natively "
+        "(a CUDA GPU with bf16, a CPU with AVX512-BF16/AMX), else float32. On a CPU without "
+        "native bf16 (e.g. AVX2 only) bf16 matmuls fall back to a slow path (~25x slower than "
+        "fp32 measured on such a CPU).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+
+    # --- Devices and distribution ---
+    # Where the update runs: DeepSpeed's accelerator and ZeRO stage, and the data-parallel ranks
+    # (Ray actors in one torch.distributed group) with the resources each reserves.
+    accelerator: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="DeepSpeed accelerator: 'auto' = cuda when available, else cpu."
+    )
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel DeepSpeed ranks of the update: 1 = in the flow's process; "
+        "N > 1 = N long-lived Ray actors in one torch.distributed group (gloo on CPU, NCCL on "
+        "GPU), each training on its share of every mini-batch (one global batch).",
+    )
+    rank_cpus: float = Field(
+        1.0, gt=0.0, description="Ray CPUs reserved by each trainer rank (trainer.ranks > 1)."
+    )
+    rank_gpus: float = Field(
+        0.0, ge=0.0, description="Ray GPUs reserved by each trainer rank (1 per rank on GPUs)."
+    )
+
+    # --- LoRA ---
+    # Train low-rank adapters instead of every weight (the trainer.lora sub-section).
+    lora: LoraSection | None = Field(
+        None,
+        description="Train LoRA adapters instead of every weight (e.g. {r: 16, alpha: 32}); "
+        "None = full fine-tuning. Checkpoints then hold the merged weights (what rollouts, "
+        "evaluation and the MLflow model load) and the PEFT adapter in `adapter/`.",
+    )
+
+    # --- Checkpoints ---
+    # What each iteration's checkpoint holds and how many are kept.
+    save_deepspeed_state: bool = Field(
+        True,
+        description="Save DeepSpeed optimizer state with each checkpoint (exact resume). "
+        "Costs about 2x the model size on disk per checkpoint.",
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Keep this many newest checkpoint folders; older ones are deleted."
+    )
+
+    # --- Diagnostics ---
+    # Extra measurements of the update that cost compute and change no weights.
+    estimate_reward_after_update: bool = Field(
+        False,
+        description="After the update, one no-grad forward over the iteration's rows gives each "
+        "trajectory's log-prob ratio new/old; actor/reward_after_update_estimate is then the "
+        "self-normalised, clipped importance estimate of the updated policy's reward on the same "
+        "trajectories, beside actor/reward_before_update (an estimate, not a rollout; costs "
+        "about a third of one training epoch).",
+    )
+
+    @model_validator(mode="after")
+    def _lora_fits(self) -> TrainerSection:
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError(
+                "trainer.lora with zero_stage=3 is not supported (the adapters are tiny: "
+                "partitioning them saves nothing): use zero_stage 0, 1 or 2"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_multiple(self) -> TrainerSection:
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size={self.mini_batch_size} is not a multiple of "
+                f"micro_batch_size={self.micro_batch_size}: set mini_batch_size to "
+                f"{self.micro_batch_size * max(1, self.mini_batch_size // self.micro_batch_size)}"
+            )
+        return self

@@ -1,0 +1,35 @@
+"""The `warmup` section: an optional supervised cold start on demonstrations (the env's solver
+or a file of steps) before the first RL iteration."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from configs.base import Section
+
+
+class WarmupSection(Section):
+    """Optional supervised cold start before RL: fine-tune on demonstrations first."""
+
+    enabled: bool = Field(
+        False, description="Run the warm-up once at the start of the run (before iteration 1)."
+    )
+    source: Literal["solver", "file"] = Field(
+        "solver",
+        description="'solver' = demonstrations played by the env's own solver (solve_step) on "
+        "training seeds, the episodes its keep_demonstration keeps (by default the successful "
+        "ones); 'file' = a Parquet/JSONL of steps with prompt_ids and response_ids "
+        "(e.g. a run's steps.parquet; rows with success=false are skipped).",
+    )
+    path: str | None = Field(None, description="The demonstrations file when source='file'.")
+    tasks: int = Field(64, ge=1, description="Solver demonstration episodes (training seeds).")
+    epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the warm-up.")
+
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> WarmupSection:
+        if self.enabled and self.source == "file" and not self.path:
+            raise ValueError("warmup.source='file' needs warmup.path (a .parquet or .jsonl)")
+        return self
