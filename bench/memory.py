@@ -60,10 +60,10 @@ def measure(phase: str, iteration: int, fn, *args):
 
 def run(root: Path, args: argparse.Namespace) -> None:
     """The demo config's iterations, phase by phase (like flows/train.py without Prefect)."""
-    from agent_core import iteration as phases
-    from agent_core import reporting
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
     from agent_core.rollout.shard import shard_count
+    from agent_core.run import phases
+    from agent_core.run import report as reporting
 
     cfg = load_config(
         "smoke" if args.smoke else "calculator_grpo",
@@ -135,7 +135,7 @@ def main() -> int:
     if not prepare(args):
         return 0
     # import torch, transformers, deepspeed, mlflow now: the baseline RSS includes them
-    from agent_core import iteration, reporting  # noqa: F401
+    from agent_core.run import report as reporting  # noqa: F401
 
     start_rss = _status_mb("VmRSS")
     with tempfile.TemporaryDirectory() as tmp:

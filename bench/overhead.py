@@ -83,8 +83,9 @@ def instrument() -> None:
     """Wrap the phase bodies (module attributes the tasks call) and the flow's task calls."""
     import flows.train as flow_module
     import tasks.iteration as task_module
-    from agent_core import iteration as phases
-    from agent_core import reporting, tracking
+    from agent_core import tracking
+    from agent_core.run import phases
+    from agent_core.run import report as reporting
 
     for attr, name in PHASES.items():
         setattr(phases, attr, clocked("body", name, getattr(phases, attr)))
@@ -103,7 +104,7 @@ def instrument() -> None:
 
 def run_flow(root: Path, args: argparse.Namespace):
     """The real train flow on a temp run folder, MLflow sqlite store and Prefect home."""
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
     from flows.train import train
 
     common = [

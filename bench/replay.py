@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from agent_core.records import Step
+from agent_core.core.records import Step
 from agent_core.replay.schema import (
     STEP_SCHEMA,
     rows_to_steps,

@@ -32,12 +32,12 @@ import torch
 from offline import DEFAULT_MODEL, SMOKE_HELP, smoke_model
 from transformers import AutoModelForCausalLM
 
-from agent_core.agent_flow import AgentFlow
 from agent_core.envs.calculator import CalculatorEnv
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine, _common_prefix, sample_tokens
-from agent_core.rollout.remote_engine import RemoteRolloutEngine, RemoteSettings
-from agent_core.rollout.vllm_server import VLLMServer
+from agent_core.rollout.engines.hf import HFRolloutEngine, _common_prefix, sample_tokens
+from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
+from agent_core.rollout.engines.vllm_server import VLLMServer
 from agent_core.trainer.policy_trainer import resolve_compute_dtype
 from configs.rollout_engines import VLLMEngineSection
 

@@ -37,7 +37,7 @@ def child(args: argparse.Namespace) -> None:
     workers, ranks = (int(x) for x in args.layout.split("x"))
     root = Path(tempfile.mkdtemp(prefix="steprl-scale-"))
     os.chdir(root)
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
 
     preset = "smoke" if args.smoke else "calculator_grpo"
     overrides = [

@@ -70,9 +70,9 @@ def main() -> None:
         args.clients, args.requests, args.max_tokens = "1,4", 2, 8
     if not prepare(args):
         return
-    from agent_core.agent_flow import AgentFlow
-    from agent_core.records import Observation
-    from agent_core.rollout.hf_engine import HFRolloutEngine
+    from agent_core.core.records import Observation
+    from agent_core.prompting.renderer import AgentFlow
+    from agent_core.rollout.engines.hf import HFRolloutEngine
     from agent_core.serving.policy_server import ServerThread, build_app
     from agent_core.serving.service import PolicyService, ServerSettings
 

@@ -38,7 +38,7 @@ TASKS, GROUP, NEW_TOKENS, LR, TEMPERATURE, LENGTH_PENALTY = 4, 4, 32, 5e-6, 0.7,
 
 def steprl_config(root: Path, model: Path, iterations: int):
     """The demo config cut to one step per episode and the shared sizes."""
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
 
     return load_config(
         "calculator_grpo",
@@ -72,9 +72,9 @@ def steprl_config(root: Path, model: Path, iterations: int):
 
 def run_steprl(cfg) -> list[dict[str, float]]:
     """steprl iterations through the phase functions; seconds per phase and in all."""
-    from agent_core import iteration as phases
-    from agent_core import reporting
     from agent_core.rollout.shard import shard_count
+    from agent_core.run import phases
+    from agent_core.run import report as reporting
 
     run = phases.prepare_run(cfg, {})
     out = []
@@ -104,9 +104,9 @@ def prompts(cfg, iterations: int) -> tuple[list[str], list[float]]:
     """The first-turn prompt text and answer of each task steprl trains on, in its order."""
     from transformers import AutoTokenizer
 
-    from agent_core.agent_flow import AgentFlow
     from agent_core.envs import make_env
-    from agent_core.iteration import iteration_tasks
+    from agent_core.prompting.renderer import AgentFlow
+    from agent_core.run.phases import iteration_tasks
 
     e = cfg.env
     flow = AgentFlow(AutoTokenizer.from_pretrained(cfg.model.path), e.tool_prompt)
@@ -124,7 +124,7 @@ def answer_reward(
 ) -> list[float]:
     """steprl's answer_match for a single turn (an answer, not a tool call) plus its
     response_tokens length penalty."""
-    from agent_core.answers import extract_number_answer, numbers_match
+    from agent_core.text.answers import extract_number_answer, numbers_match
 
     return [
         float("<tool_call>" not in c and numbers_match(extract_number_answer(c), a))

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agent_core import progress as progress_hooks
-from agent_core.config import ConfigError, RunConfig, load_config
+from agent_core.config.load import ConfigError, RunConfig, load_config
+from agent_core.core import progress as progress_hooks
 
 app = typer.Typer(help="steprl: step-level RL for multi-step LLM agents.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -233,7 +233,7 @@ def serve_policy(
 @app.command()
 def runs(output_dir: Path = typer.Option(Path("runs"), help="Folder holding the runs.")) -> None:
     """List runs with their last complete iteration and last metrics."""
-    from agent_core.reporting import run_summaries
+    from agent_core.run.report import run_summaries
 
     table = Table(
         "run", "iterations", "reward/mean", "success_rate", "eval/success_rate", "MLflow run"

@@ -12,14 +12,14 @@ import sys
 
 from prefect import flow, runtime
 
-from agent_core.config import (
+from agent_core.config.load import (
     ConfigError,
     RunConfig,
     check_config,
     deployment_limits,
     load_config,
 )
-from agent_core.evaluation import EvalRun
+from agent_core.run.evaluate import EvalRun
 from tasks.evaluate import evaluate_checkpoint
 
 

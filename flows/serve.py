@@ -23,9 +23,9 @@ from pathlib import Path
 from prefect import serve
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from agent_core.config import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
-from agent_core.deployment_paths import read_roots, shown_roots, write_roots
-from agent_core.registry import is_module_name
+from agent_core.config.deployment import read_roots, shown_roots, write_roots
+from agent_core.config.load import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
+from agent_core.core.registry import is_module_name
 from agent_core.serving.gate import LOOPBACK_NAMES, WILDCARD_BINDS, is_loopback, server_names
 from flows.evaluate import evaluate
 from flows.train import train
@@ -353,7 +353,7 @@ def serve_forever(
     """Start the servers (unless told not to), register the deployments and execute their
     runs in this process until interrupted; then stop the servers. The runs may name only
     steprl's own names and `limits.modules`, and read, write and start only what `limits`
-    allows (agent_core.deployment_paths)."""
+    allows (agent_core.config.deployment)."""
     announce_limits(limits or DeploymentLimits())
     services = None
     if with_servers:

@@ -14,16 +14,16 @@ import sys
 from prefect import flow, runtime
 from pydantic import BaseModel, Field
 
-from agent_core.config import (
+from agent_core.config.load import (
     ConfigError,
     RunConfig,
     check_config,
     deployment_limits,
     load_config,
 )
-from agent_core.evaluation import EvalOutcome
-from agent_core.reporting import console_lines
 from agent_core.rollout.shard import shard_count
+from agent_core.run.evaluate import EvalOutcome
+from agent_core.run.report import console_lines
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,

@@ -18,13 +18,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from pydantic import BaseModel
 
-from agent_core import iteration as phases
-from agent_core import reporting, warmup
-from agent_core.iteration import PartitionResult, RunHandle, ScoreResult, ShardResult, UpdateResult
-from agent_core.reporting import LogResult
-from agent_core.warmup import WarmupResult
-from agent_core.workers import placement
-from agent_core.workers.placement import SyncResult
+from agent_core.run import phases, placement, warmup
+from agent_core.run import report as reporting
+from agent_core.run.phases import PartitionResult, RunHandle, ScoreResult, ShardResult, UpdateResult
+from agent_core.run.placement import SyncResult
+from agent_core.run.report import LogResult
+from agent_core.run.warmup import WarmupResult
 from configs.run_config import RunConfig
 from tasks import flow_runs
 

@@ -73,7 +73,7 @@ def hold_run_lock(run_dir: Path) -> subprocess.Popen:
     """Another process that holds `run_dir`'s run lock (as a live training run does) until it
     is killed; returns once the lock is taken."""
     code = (
-        "import sys, time; from pathlib import Path; from agent_core import run_lock; "
+        "import sys, time; from pathlib import Path; from agent_core.run import lock as run_lock; "
         "run_lock.acquire(Path(sys.argv[1]), 'holder'); print('locked', flush=True); "
         "time.sleep(600)"
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from agent_core.context import make_context_policy
+from agent_core.core.records import Task
+from agent_core.core.registry import resolve_subclass
 from agent_core.envs.base import AgentEnv
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.code import CodeEnv
@@ -13,8 +14,7 @@ from agent_core.envs.numberline import NumberLineEnv
 from agent_core.envs.qa import QAEnv
 from agent_core.envs.search import SearchEnv
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Task
-from agent_core.registry import resolve_subclass
+from agent_core.prompting.context import make_context_policy
 from agent_core.tools import make_tool
 
 ENVS: dict[str, type[AgentEnv]] = {

@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from functools import cache
 from typing import ClassVar
 
-from agent_core.context import ContextPolicy, ContextServices, FullHistory
-from agent_core.records import Action, Message, Observation, Step, StepResult, Task
+from agent_core.core.records import Action, Message, Observation, Step, StepResult, Task
+from agent_core.prompting.context import ContextPolicy, ContextServices, FullHistory
 
 
 class AgentEnv(ABC):

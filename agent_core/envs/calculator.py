@@ -10,10 +10,10 @@ import json
 import random
 from collections.abc import Callable
 
-from agent_core.answers import extract_number_answer, numbers_match
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Message, Task
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Message, Task
+from agent_core.prompting.context import ContextPolicy
+from agent_core.text.answers import extract_number_answer, numbers_match
 from agent_core.tools.calculator import CalculatorTool
 
 SYSTEM_PROMPT = (

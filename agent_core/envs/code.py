@@ -12,11 +12,11 @@ import random
 import re
 from typing import Any, ClassVar
 
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs.code_tasks import PROBLEMS, instance
 from agent_core.envs.code_tests import HiddenTestsResult, run_hidden_tests
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Action, StepResult, Task
+from agent_core.prompting.context import ContextPolicy
 from agent_core.tools.python_sandbox import PythonTool
 
 SYSTEM_PROMPT = (

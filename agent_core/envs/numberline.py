@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Action, Observation, StepResult, Task
 from agent_core.envs.base import AgentEnv
-from agent_core.records import Action, Observation, StepResult, Task
+from agent_core.prompting.context import ContextPolicy
 
 RULES = (
     "You play a number-line game. You stand on a line of whole numbers from 0 to {size} and "

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agent_core.answers import MatchMode, answers_match, extract_text_answer
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Action, StepResult, Task
+from agent_core.prompting.context import ContextPolicy
+from agent_core.text.answers import MatchMode, answers_match, extract_text_answer
 
 SYSTEM_PROMPT = (
     "Answer the user's question. Use the tools when they help. End your reply with the final "

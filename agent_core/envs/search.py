@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from agent_core.answers import MatchMode
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Message, Task
 from agent_core.envs.qa import QAEnv
-from agent_core.envs.search_world import question
-from agent_core.records import Message, Task
+from agent_core.prompting.context import ContextPolicy
+from agent_core.text.answers import MatchMode
 from agent_core.tools.search import SearchTool
+from agent_core.tools.search_world import question
 
 SYSTEM_PROMPT = (
     "You answer questions about a private document collection that only the search tool can "

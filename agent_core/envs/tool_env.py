@@ -11,10 +11,10 @@ import random
 import threading
 from typing import Any
 
-from agent_core.context import ContextPolicy
+from agent_core.core.records import Action, Message, Observation, StepResult, Task
 from agent_core.envs.base import AgentEnv
-from agent_core.envs.tool_calls import CLOSE_TAG, CallError, ToolCall, parse_tool_calls
-from agent_core.records import Action, Message, Observation, StepResult, Task
+from agent_core.prompting.context import ContextPolicy
+from agent_core.text.tool_calls import CLOSE_TAG, CallError, ToolCall, parse_tool_calls
 from agent_core.tools.base import BaseTool, ToolResult, checked_result, error_result
 
 # Each call runs on a thread of its own, abandoned at its deadline (a Python thread cannot be

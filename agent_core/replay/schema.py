@@ -9,7 +9,7 @@ from dataclasses import fields
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agent_core.records import Step
+from agent_core.core.records import Step
 
 SCHEMA_VERSION = 1
 

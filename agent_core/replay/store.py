@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from polars.exceptions import PanicException
 
-from agent_core.faults import crash_point
+from agent_core.core.faults import crash_point
 from agent_core.replay.invariants import check_partition
 from agent_core.replay.schema import SCHEMA_VERSION, STEP_SCHEMA, check_schema
 

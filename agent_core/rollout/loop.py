@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from agent_core import progress
-from agent_core.agent_flow import AgentFlow
-from agent_core.context import ContextServices
+from agent_core.core import progress
+from agent_core.core.records import Action, Message, Observation, Step, StepResult, Task
 from agent_core.envs.base import AgentEnv
-from agent_core.records import Action, Message, Observation, Step, StepResult, Task
+from agent_core.prompting.context import ContextServices
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)

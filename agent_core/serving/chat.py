@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent_core.agent_flow import AgentFlow
-from agent_core.envs.tool_calls import CLOSE_TAG, OPEN_TAG, ToolCall, parse_tool_calls
-from agent_core.records import Message, Observation
+from agent_core.core.records import Message, Observation
+from agent_core.prompting.renderer import AgentFlow
+from agent_core.text.tool_calls import CLOSE_TAG, OPEN_TAG, ToolCall, parse_tool_calls
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 ROLES["tool"] = "tool"

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_core.records import Step, Task
+from agent_core.core.records import Step, Task
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.serving.chat import PromptMode, Turn
 

@@ -42,7 +42,7 @@ from agent_core.serving.streaming import (
 )
 
 if TYPE_CHECKING:
-    from agent_core.config import RunConfig
+    from agent_core.config.load import RunConfig
 
 SinkLookup = Callable[[str], CallSink | None]
 DEFAULT_PRESET = "calculator_grpo"
@@ -240,8 +240,8 @@ def serving_config(
     training (env.tool_prompt, rollout.max_prompt_tokens): the run folder holding a checkpoint
     folder `<run>/checkpoints/iter_k`, else the run `preset` names. `preset` (default
     calculator_grpo) alone serves a model folder of no run, or any with `run_config` off."""
-    from agent_core.config import load_config
-    from agent_core.iteration import CHECKPOINTS, run_dir_of
+    from agent_core.config.load import load_config
+    from agent_core.run.phases import CHECKPOINTS, run_dir_of
 
     folder = Path(checkpoint)
     recorded = None
@@ -260,8 +260,8 @@ def serve_policy(
 ) -> None:
     """Serve a checkpoint of `cfg`'s run ('base', 'latest', 'iter_0003', or a model folder)
     with the run's rollout engine settings, until interrupted (blocking)."""
-    from agent_core.evaluation import resolve_checkpoint
-    from agent_core.runtime import hf_engine
+    from agent_core.live import hf_engine
+    from agent_core.run.evaluate import resolve_checkpoint
 
     folder, version, _ = resolve_checkpoint(cfg, checkpoint)
     engine = hf_engine(cfg, folder)

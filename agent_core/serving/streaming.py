@@ -10,9 +10,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from agent_core.envs.tool_calls import OPEN_TAG
 from agent_core.serving.batcher import EngineError, TokenCallback
 from agent_core.serving.schema import ChatChoice, ChatCompletion, Completion
+from agent_core.text.tool_calls import OPEN_TAG
 
 T = TypeVar("T", ChatCompletion, Completion)
 Token = tuple[int, int, float]  # (choice index, token id, log-prob)

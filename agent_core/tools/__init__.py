@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from agent_core.registry import resolve_subclass
+from agent_core.core.registry import resolve_subclass
 from agent_core.tools.base import BaseTool, ToolError, ToolResult
 from agent_core.tools.calculator import CalculatorTool
 from agent_core.tools.python_sandbox import PythonTool

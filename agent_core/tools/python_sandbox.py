@@ -24,8 +24,8 @@ from functools import cache
 from typing import Any, ClassVar, Literal
 
 from agent_core.tools.base import BaseTool, ToolResult
-from agent_core.tools.sandbox_launcher import launcher_source
-from agent_core.tools.sandbox_watch import MEMORY_POLL_S, CallWatch, remove_owned, stop_tree
+from agent_core.tools.sandbox.launcher import launcher_source
+from agent_core.tools.sandbox.watch import MEMORY_POLL_S, CallWatch, remove_owned, stop_tree
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ def _load(corpus: str, version: tuple[int, int]) -> tuple[list[str], bm25s.BM25]
     """(passages, BM25 index) of a corpus file (keyed by its mtime and size, so an edited
     file is indexed again)."""
     if corpus == GENERATED:
-        from agent_core.envs.search_world import corpus_passages
+        from agent_core.tools.search_world import corpus_passages
 
         passages = corpus_passages()
     else:

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agent_core import progress
 from agent_core.algorithms.losses import aggregate, clipped_policy_loss, kl_penalty, value_loss
-from agent_core.faults import crash_point
+from agent_core.core import progress
+from agent_core.core.faults import crash_point
 from agent_core.trainer import lora
 from agent_core.trainer.batching import (
     MicroBatch,

@@ -32,7 +32,7 @@ class RolloutWorker:
 
     def collect(self, cfg_json: str, run_json: str, iteration: int, shard: int) -> str:
         """Run one shard exactly as the in-process path does; returns its ShardResult JSON."""
-        from agent_core import iteration as phases
+        from agent_core.run import phases
         from configs.run_config import RunConfig
 
         cfg = RunConfig.model_validate_json(cfg_json)
@@ -44,8 +44,8 @@ class RolloutWorker:
     ) -> float:
         """Hold policy `version`: load `state` (weights from the object store) when given,
         else the HF checkpoint folder `weights`. Returns the seconds it took."""
-        from agent_core import iteration as phases
-        from agent_core import runtime
+        from agent_core import live as runtime
+        from agent_core.run import phases
         from configs.run_config import RunConfig
 
         start = time.perf_counter()

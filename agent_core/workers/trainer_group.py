@@ -192,7 +192,7 @@ class TrainerGroup:
     def save(self, checkpoint_dir: Path, metadata: dict, on_half_written=None) -> Path:
         """Every rank saves: rank 0 the HF folder, each its DeepSpeed partition. The
         half-written hook runs in rank 0 (a fault injected there kills that rank)."""
-        del on_half_written  # the ranks reach their own crash points (agent_core.faults)
+        del on_half_written  # the ranks reach their own crash points (agent_core.core.faults)
         self._all("save", Path(checkpoint_dir), metadata)
         return Path(checkpoint_dir)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
+from agent_core.core.records import Task
+from agent_core.core.registry import plugin
 from agent_core.models import build_byte_tokenizer
-from agent_core.records import Task
-from agent_core.registry import plugin
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.serving.episodes import EpisodeLog
 from tests.integration.test_agent_rollouts import run_agent
 from tests.integration.test_policy_server import RecordingEngine

@@ -17,12 +17,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent_core.config import load_config
-from agent_core.iteration import make_loop
-from agent_core.records import Task
-from agent_core.registry import plugin
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.config.load import load_config
+from agent_core.core.records import Task
+from agent_core.core.registry import plugin
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
+from agent_core.run.phases import make_loop
 from agent_core.serving.episodes import EpisodeLog
 from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings
@@ -349,7 +349,7 @@ def test_an_agents_child_processes_end_with_its_episode(tiny_model_dir, engine) 
 
 
 def test_an_evaluation_whose_episodes_all_time_out_says_so(tiny_model_dir, engine, tmp_path):
-    from agent_core.evaluation import evaluate_policy
+    from agent_core.run.evaluate import evaluate_policy
 
     cfg = agent_config(tiny_model_dir, "sleepy_agent", "env.agent_timeout_s=2", "eval.episodes=2")
     with pytest.raises(RuntimeError, match=r"timeout.*raise env.agent_timeout_s"):
@@ -361,8 +361,8 @@ import asyncio
 
 import prefect  # a heavy main module, as flows.train is
 
-from agent_core.records import Task
-from agent_core.rollout import agent_process
+from agent_core.core.records import Task
+from agent_core.serving import agent_process
 
 if __name__ == "__main__":
     agent = "tests.integration.test_agent_rollouts:import_listing_agent"

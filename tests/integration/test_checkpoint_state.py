@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from agent_core import runtime
-from agent_core.config import load_config
+from agent_core import live as runtime
+from agent_core.config.load import load_config
 from tests.integration.test_lora import rows
 
 

@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from agent_core.faults import POINTS
+from agent_core.core.faults import POINTS
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
 from tests.conftest import stop_process_group
 
 pytestmark = pytest.mark.slow

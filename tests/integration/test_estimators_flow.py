@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
 from agent_core.replay import read_partition
 from flows.train import train
 

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.evaluation import pass_at_k
+from agent_core.run.evaluate import pass_at_k
 from flows.evaluate import evaluate
 
 pytestmark = pytest.mark.slow

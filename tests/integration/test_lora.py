@@ -14,10 +14,10 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from agent_core import runtime
-from agent_core.config import load_config
+from agent_core import live as runtime
+from agent_core.config.load import load_config
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.trainer.batching import TrainRow
 from flows.train import train
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
 from agent_core.replay import read_partition
 from flows.train import train
 

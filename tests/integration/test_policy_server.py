@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from agent_core.rollout.engine import Generation, SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent_core import runtime
-from agent_core.config import load_config
-from agent_core.faults import ENV_VAR, MODE_VAR, ONCE_VAR
-from agent_core.registry import plugin
+from agent_core import live as runtime
+from agent_core.config.load import load_config
+from agent_core.core.faults import ENV_VAR, MODE_VAR, ONCE_VAR
+from agent_core.core.registry import plugin
 from agent_core.replay import read_partition
 from agent_core.trainer.batching import TrainRow
 from agent_core.workers.rollout_pool import RolloutPool

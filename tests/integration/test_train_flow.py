@@ -12,10 +12,10 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from agent_core import iteration as phases
-from agent_core.config import load_config
+from agent_core.config.load import load_config
 from agent_core.replay import read_partition, steps_to_table, table_to_steps
-from agent_core.run_lock import RunLockedError
+from agent_core.run import phases
+from agent_core.run.lock import RunLockedError
 from flows.train import train
 from tests.conftest import hold_run_lock
 

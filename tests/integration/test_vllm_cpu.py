@@ -14,11 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from agent_core import runtime
-from agent_core.config import load_config
+from agent_core import live as runtime
+from agent_core.config.load import load_config
 from agent_core.models import build_byte_tokenizer
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.remote_engine import RemoteRolloutEngine
+from agent_core.rollout.engines.remote import RemoteRolloutEngine
 from tests.integration.test_remote_engine import recomputed  # the trainer-side log-probs
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"

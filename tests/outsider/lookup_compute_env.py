@@ -10,8 +10,8 @@ import re
 from collections import Counter
 from functools import cache
 
+from agent_core.core.records import Task
 from agent_core.envs import ToolEnv
-from agent_core.records import Task
 from agent_core.tools import BaseTool, CalculatorTool, ToolError, ToolResult
 
 ITEMS = ("apple", "pear", "egg", "pen", "cup", "book", "lamp", "sock")

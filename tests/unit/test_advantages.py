@@ -470,7 +470,7 @@ def test_missing_column_raises_with_pointer_to_check() -> None:
 
 
 def test_positional_options_and_empty_batch() -> None:
-    opts = AdvantageOptions(0.9, False, 1e-6)  # how agent_core.iteration builds them
+    opts = AdvantageOptions(0.9, False, 1e-6)  # how agent_core.run.phases builds them
     assert (opts.gamma, opts.norm_by_std, opts.lam, opts.whiten_advantages) == (
         0.9,
         False,

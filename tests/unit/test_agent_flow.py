@@ -6,9 +6,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from agent_core.agent_flow import AgentFlow
+from agent_core.core.records import Observation
 from agent_core.models import CHATML_TEMPLATE
-from agent_core.records import Observation
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.tools.calculator import CalculatorTool
 
 SCHEMA = [CalculatorTool().schema()]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import ConfigError, config_from_dict, load_config
+from agent_core.config.load import ConfigError, config_from_dict, load_config
+from agent_core.core.records import Action, Task
 from agent_core.envs import make_env
 from agent_core.envs.code import CodeEnv, extract_code
 from agent_core.envs.code_tasks import (
@@ -21,9 +22,8 @@ from agent_core.envs.code_tasks import (
 )
 from agent_core.envs.code_tasks_file import task_rows
 from agent_core.envs.code_tests import HiddenTestsResult, judge
-from agent_core.evaluation import eval_tasks
-from agent_core.iteration import train_tasks
-from agent_core.records import Action, Task
+from agent_core.run.evaluate import eval_tasks
+from agent_core.run.phases import train_tasks
 from agent_core.tools import python_sandbox
 from agent_core.tools.python_sandbox import sandbox_problem
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import PRESETS_DIR, ConfigError, flatten, load_config
+from agent_core.config.load import PRESETS_DIR, ConfigError, flatten, load_config
 from configs.run_config import RunConfig
 
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 import yaml
 
-from agent_core.config import (
+from agent_core.config.load import (
     DEPLOYMENT_LIMITS_ENV,
     ConfigError,
     DeploymentLimits,
@@ -27,9 +27,9 @@ from agent_core.config import (
     load_config,
     preset_path,
 )
-from agent_core.context import make_context_policy
-from agent_core.registry import is_plugin, plugin
-from agent_core.rewards import reward_fn
+from agent_core.core.registry import is_plugin, plugin
+from agent_core.prompting.context import make_context_policy
+from agent_core.rewards.scoring import reward_fn
 
 
 def _command_configs(marker: Path) -> dict[str, list[str]]:
@@ -70,7 +70,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         from pathlib import Path
 
         from agent_core.algorithms import AdvantageResult
-        from agent_core.registry import plugin
+        from agent_core.core.registry import plugin
 
         Path({str(imported)!r}).touch()
 
@@ -522,7 +522,7 @@ def test_no_config_named_folder_is_loaded_with_remote_code_or_by_unpickling() ->
     "preset", sorted(p.stem for p in preset_path("smoke").parent.glob("*.yaml"))
 )
 def test_every_preset_names_only_what_a_deployment_run_may(preset: str) -> None:
-    from agent_core.deployment_paths import path_problems
+    from agent_core.config.deployment import path_problems
 
     data = yaml.safe_load(preset_path(preset).read_text()) or {}
     assert path_problems(RunConfig.model_validate(data), DeploymentLimits()) == []

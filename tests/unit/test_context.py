@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.context import (
+from agent_core.core.records import Action, Message
+from agent_core.envs.calculator import CalculatorEnv
+from agent_core.prompting.context import (
     CONTEXT_POLICIES,
     SUMMARIZERS,
     SUMMARY_PREFIX,
@@ -18,8 +20,6 @@ from agent_core.context import (
     make_context_policy,
     split_turns,
 )
-from agent_core.envs.calculator import CalculatorEnv
-from agent_core.records import Action, Message
 
 
 def _call(expr: str) -> str:
@@ -185,7 +185,7 @@ def test_factory_builds_each_policy() -> None:
         ({"name": "window", "last_turns": "2"}, "last_turns must be an integer"),
         ({"name": "summarize", "summarizer": "llm"}, "unknown summarizer 'llm'"),
         ({"name": "summarize", "summarizer": {"name": "rule", "chars": 3}}, "max_chars"),
-        ("agent_core.records:Task", "not a ContextPolicy"),
+        ("agent_core.core.records:Task", "not a ContextPolicy"),
     ],
 )
 def test_factory_errors_say_how_to_fix(spec: object, match: str) -> None:

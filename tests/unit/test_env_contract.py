@@ -10,12 +10,12 @@ import random
 import pytest
 import yaml
 
-from agent_core.agent_flow import AgentFlow
-from agent_core.config import ConfigError, RunConfig, config_from_dict, load_config
-from agent_core.context import SlidingWindow
+from agent_core.config.load import ConfigError, RunConfig, config_from_dict, load_config
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs import AgentEnv, make_env
-from agent_core.records import Action, StepResult, Task
-from agent_core.rewards import configured_terms
+from agent_core.prompting.context import SlidingWindow
+from agent_core.prompting.renderer import AgentFlow
+from agent_core.rewards.scoring import configured_terms
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 
@@ -230,7 +230,7 @@ def test_unknown_default_reward_term_fails_at_load() -> None:
 
 @pytest.mark.parametrize(("env", "kept_all"), [("CoinEnv", False), ("LuckyCoinEnv", True)])
 def test_warmup_keeps_what_the_env_chooses(tiny_tokenizer, env: str, kept_all: bool) -> None:
-    from agent_core.warmup import solver_rows
+    from agent_core.run.warmup import solver_rows
 
     cfg = _smoke(env, "warmup.tasks=16", "env.max_steps=3", "env.task_options={flips: 1}")
     rows, episodes, success = solver_rows(cfg, tiny_tokenizer)

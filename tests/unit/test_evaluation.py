@@ -7,8 +7,8 @@ import itertools
 import polars as pl
 import pytest
 
-from agent_core.config import load_config
-from agent_core.evaluation import eval_tasks, pass_at_k, table_metrics
+from agent_core.config.load import load_config
+from agent_core.run.evaluate import eval_tasks, pass_at_k, table_metrics
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:

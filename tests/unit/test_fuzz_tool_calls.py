@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.envs.tool_calls import (
+from agent_core.envs.tool_env import ToolEnv
+from agent_core.text.tool_calls import (
     CLOSE_TAG,
     MAX_CALLS_PER_STEP,
     OPEN_TAG,
@@ -23,8 +25,6 @@ from agent_core.envs.tool_calls import (
     ToolCall,
     parse_tool_calls,
 )
-from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Action, StepResult, Task
 from agent_core.tools.base import BaseTool, ToolResult
 from agent_core.tools.calculator import MAX_ABS_VALUE, CalculatorTool, ToolError, evaluate
 

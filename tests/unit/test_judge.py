@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_core.config import ConfigError, load_config
-from agent_core.judge import judge_trajectories
-from agent_core.judge_engines import judge_engines
-from agent_core.judge_replies import parse_group_scores, parse_score
+from agent_core.config.load import ConfigError, load_config
+from agent_core.core.records import Step, Task
 from agent_core.models import build_byte_tokenizer
-from agent_core.records import Step, Task
-from agent_core.rewards import REWARDS, score_steps
+from agent_core.rewards.judge import judge_trajectories
+from agent_core.rewards.judge_engines import judge_engines
+from agent_core.rewards.judge_replies import parse_group_scores, parse_score
+from agent_core.rewards.scoring import REWARDS, score_steps
 from agent_core.rollout.engine import Generation, SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JudgeTerm
 from configs.run_config import RewardTerm, RunConfig
 from tests.conftest import REPO

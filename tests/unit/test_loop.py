@@ -9,10 +9,10 @@ from functools import partial
 import pytest
 import torch
 
-from agent_core.agent_flow import AgentFlow
 from agent_core.envs.calculator import CalculatorEnv
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.rollout.engine import Generation, SamplingParams
-from agent_core.rollout.hf_engine import HFRolloutEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 
 META = RolloutMeta(run_id="r", iteration=1, policy_version=0, env_name="calculator")
@@ -131,7 +131,7 @@ def test_hf_engine_stops_on_stop_string(tiny_model_dir) -> None:
 
 
 def test_window_context_prompts_are_exactly_what_the_model_saw(tiny_tokenizer) -> None:
-    from agent_core.context import SlidingWindow
+    from agent_core.prompting.context import SlidingWindow
 
     engine = ScriptedEngine(tiny_tokenizer)
     loop = AgentEnvLoop(
@@ -153,7 +153,7 @@ def test_window_context_prompts_are_exactly_what_the_model_saw(tiny_tokenizer) -
 
 
 def test_policy_summarizer_uses_the_engine(tiny_tokenizer) -> None:
-    from agent_core.context import PolicySummarizer, Summarize
+    from agent_core.prompting.context import PolicySummarizer, Summarize
 
     engine = ScriptedEngine(tiny_tokenizer)
     loop = AgentEnvLoop(

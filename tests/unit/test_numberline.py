@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.context import ContextServices, SlidingWindow
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs import ENVS, make_env
 from agent_core.envs.numberline import MoveError, NumberLineEnv, parse_move
-from agent_core.records import Action, StepResult, Task
+from agent_core.prompting.context import ContextServices, SlidingWindow
 
 Env = NumberLineEnv
 

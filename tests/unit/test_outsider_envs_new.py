@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from agent_core.config import ConfigError, load_config
+from agent_core.config.load import ConfigError, load_config
+from agent_core.core.records import Action
 from agent_core.envs import AgentEnv, make_env
-from agent_core.records import Action
 from tests.outsider import code_guess_env, corridor_env, lookup_compute_env
 
 ENVS = {
@@ -180,7 +180,7 @@ def test_corridor_failures_take_more_steps_than_successes() -> None:
 
 @pytest.mark.parametrize("env", list(ENVS))
 def test_warmup_demonstrations_come_from_the_solver(env: str, tiny_tokenizer) -> None:
-    from agent_core.warmup import solver_rows
+    from agent_core.run.warmup import solver_rows
 
     cfg = _config(env, "warmup.tasks=8")
     rows, episodes, success = solver_rows(cfg, tiny_tokenizer)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.records import Step
+from agent_core.core.records import Step
 from agent_core.replay import PartitionInvariantError, commit_partition, steps_to_table
 from agent_core.replay.invariants import check_partition
 from agent_core.replay.store import iteration_dir

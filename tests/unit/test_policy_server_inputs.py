@@ -170,7 +170,7 @@ def test_concurrent_requests_beyond_the_limit_are_told_to_retry(tokenizer) -> No
 def test_serve_policy_reads_the_runs_recorded_config(tmp_path) -> None:
     """A checkpoint is served with its run's recorded tool prompt and prompt limit, not the
     preset's (a policy trained with 'compact' tools never saw 'hermes' ones)."""
-    from agent_core.config import dump_config, load_config
+    from agent_core.config.load import dump_config, load_config
     from agent_core.serving.policy_server import serving_config
 
     where = [f"run.output_dir={tmp_path}", "run.name=trained"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs.tool_env import ToolEnv
-from agent_core.records import Action, StepResult, Task
 from agent_core.tools import TOOLS
 from agent_core.tools.python_sandbox import UID_BASE, PythonTool, sandbox_problem
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.answers import answers_match
+from agent_core.core.records import Action, Step, Task
 from agent_core.envs import make_env
 from agent_core.envs.qa import RETRY_TEXT, QAEnv
-from agent_core.records import Action, Step, Task
-from agent_core.rewards import answer_match, answer_text_format
+from agent_core.rewards.scoring import answer_match, answer_text_format
+from agent_core.text.answers import answers_match
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.rollout.remote_engine import RemoteEngineError, _generation
+from agent_core.rollout.engines.remote import RemoteEngineError, _generation
 
 
 def test_steprl_choice() -> None:

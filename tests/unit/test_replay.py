@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from polars.exceptions import PanicException
 
-from agent_core.records import Step
+from agent_core.core.records import Step
 from agent_core.replay import (
     STEP_SCHEMA,
     commit_partition,
@@ -310,10 +310,10 @@ def test_a_decoder_panic_becomes_corrupt_partition_error(tmp_path: Path) -> None
 
 
 def test_logging_and_warm_up_refuse_a_damaged_partition(tmp_path: Path) -> None:
-    from agent_core.config import load_config
-    from agent_core.iteration import PartitionResult, RunHandle, ScoreResult, UpdateResult
-    from agent_core.reporting import log_iteration
-    from agent_core.warmup import file_rows
+    from agent_core.config.load import load_config
+    from agent_core.run.phases import PartitionResult, RunHandle, ScoreResult, UpdateResult
+    from agent_core.run.report import log_iteration
+    from agent_core.run.warmup import file_rows
 
     commit_partition(tmp_path / "run", 1, steps_to_table(make_steps(4)))
     data = _flipped_copy(tmp_path / "run", tmp_path / "damaged", 8 * 40)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import changed_settings, dump_config, load_config
+from agent_core.config.load import changed_settings, dump_config, load_config
 from flows.train import TrainSummary, where_to_look
 
 TINY = ["model.source=tiny-random"]
@@ -44,7 +44,7 @@ def test_a_rerun_with_nothing_left_says_how_to_go_on() -> None:
 def test_a_rerun_with_other_ranks_or_zero_stage_is_refused_at_its_start(tmp_path: Path) -> None:
     """The optimizer state of the checkpoint a rerun goes on from is partitioned by ranks and
     ZeRO stage: other ones are refused before any work, naming the setting and the fix."""
-    from agent_core.iteration import refuse_other_layout
+    from agent_core.run.phases import refuse_other_layout
     from agent_core.trainer.policy_trainer import DS_STATE_DIR
 
     checkpoint = tmp_path / "checkpoints" / "iter_0001"

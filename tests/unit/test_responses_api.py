@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from agent_core.core.records import Task
 from agent_core.models import build_byte_tokenizer
-from agent_core.records import Task
 from agent_core.rollout.engine import Generation, SamplingParams, StepCallback
 from agent_core.serving.episodes import EpisodeLog
 from agent_core.serving.policy_server import ServerThread, build_app

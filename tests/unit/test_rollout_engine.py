@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_core.rollout import hf_engine
 from agent_core.rollout.engine import Generation, SamplingParams
-from agent_core.rollout.hf_engine import FusedLlamaBackend, HFCacheBackend, HFRolloutEngine
+from agent_core.rollout.engines import hf as hf_engine
+from agent_core.rollout.engines.hf import FusedLlamaBackend, HFCacheBackend, HFRolloutEngine
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 SYSTEM = "<|im_start|>system\nYou are a careful calculator agent.<|im_end|>\n"

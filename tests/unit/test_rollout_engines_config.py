@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.config import ConfigError, load_config
+from agent_core.config.load import ConfigError, load_config
 from configs.rollout_engines import RemoteEngineSection
 
 

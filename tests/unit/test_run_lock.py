@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_core import run_lock
-from agent_core.run_lock import RunLockedError
+from agent_core.run import lock as run_lock
+from agent_core.run.lock import RunLockedError
 from tests.conftest import hold_run_lock
 
 
@@ -43,8 +43,8 @@ def test_the_same_process_cannot_take_a_run_twice(tmp_path: Path) -> None:
 
 
 def test_prepare_run_refuses_before_touching_the_run(tmp_path: Path) -> None:
-    from agent_core import iteration as phases
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
+    from agent_core.run import phases
 
     config = load_config("smoke", [f"run.output_dir={tmp_path}"])
     run_dir = tmp_path / "smoke"
@@ -61,9 +61,9 @@ def test_prepare_run_refuses_before_touching_the_run(tmp_path: Path) -> None:
 def test_a_run_that_fails_to_open_or_finish_unlocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent_core import iteration as phases
     from agent_core import tracking
-    from agent_core.config import load_config
+    from agent_core.config.load import load_config
+    from agent_core.run import phases
 
     config = load_config("smoke", [f"run.output_dir={tmp_path}"])
     run_dir = tmp_path / "smoke"

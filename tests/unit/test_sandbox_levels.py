@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import ConfigError, load_config
+from agent_core.config.load import ConfigError, load_config
 from agent_core.envs import make_env
 from agent_core.tools import python_sandbox as sandbox
 from agent_core.tools.python_sandbox import PythonTool, SandboxUnavailable

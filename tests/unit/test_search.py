@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config import load_config
+from agent_core.config.load import load_config
+from agent_core.core.records import Action
 from agent_core.envs import make_env
 from agent_core.envs.search import SearchEnv
-from agent_core.envs.search_world import corpus_passages, question, world
-from agent_core.records import Action
 from agent_core.tools import make_tool
 from agent_core.tools.search import SearchTool, corpus_index
+from agent_core.tools.search_world import corpus_passages, question, world
 
 
 def _corpus(path: Path) -> Path:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from agent_core.core.records import Action
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.envs.tool_calls import CallError, ToolCall, parse_tool_calls
 from agent_core.envs.tool_env import MAX_HUNG_CALLS_PER_TOOL, ToolEnv
-from agent_core.records import Action
+from agent_core.text.tool_calls import CallError, ToolCall, parse_tool_calls
 from agent_core.tools.base import BaseTool, ToolResult
 from agent_core.tools.python_sandbox import PythonTool
 
@@ -138,7 +138,7 @@ def test_tasks_are_deterministic_and_split() -> None:
 
 
 def test_answer_extraction_is_linear_time() -> None:
-    from agent_core.answers import extract_number_answer
+    from agent_core.text.answers import extract_number_answer
 
     assert extract_number_answer("Answer: $ 1,234") == 1234.0
     assert extract_number_answer("Answer: -3.5 then Answer: 7") == 7.0

@@ -18,15 +18,15 @@ from agent_core.algorithms.diagnostics import (
     step_loss_weights,
     update_warnings,
 )
-from agent_core.iteration import (
+from agent_core.core.records import Step
+from agent_core.replay.store import iteration_dir
+from agent_core.run.phases import (
     ScoreResult,
     _reward_after_update,
     _reward_falling,
     _update_diagnostics,
 )
-from agent_core.records import Step
-from agent_core.replay.store import iteration_dir
-from agent_core.reporting import console_lines
+from agent_core.run.report import console_lines
 from agent_core.trainer.batching import TrainRow
 from configs.run_config import RunConfig
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.agent_flow import AgentFlow
 from agent_core.envs import CalculatorEnv, NumberLineEnv
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.replay import steps_to_table
-from agent_core.rewards import group_trajectories
+from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
+from agent_core.run.warmup import file_rows
 from agent_core.tools.calculator import evaluate
-from agent_core.warmup import file_rows
 
 META = RolloutMeta("r", 0, 0, "x")
 

@@ -2,7 +2,7 @@
 
 An outcome reward is `fn(trajectory_steps, task) -> float`, added to the trajectory's last
 step; a process reward is `fn(step, task) -> float`, added to every step; a judged reward
-(`judge`) scores all of an iteration's trajectories at once with a model (agent_core.judge).
+(`judge`) scores all of an iteration's trajectories at once with a model (agent_core.rewards.judge).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agent_core.answers import extract_number_answer, extract_text_answer, numbers_match
+from agent_core.core.records import Step, Task
+from agent_core.core.registry import is_plugin, resolve
 from agent_core.envs import env_class
-from agent_core.envs.tool_calls import CallError, parse_tool_calls
-from agent_core.judge import JudgeEngine, judge_trajectories
-from agent_core.records import Step, Task
-from agent_core.registry import is_plugin, resolve
+from agent_core.rewards.judge import JudgeEngine, judge_trajectories
+from agent_core.text.answers import extract_number_answer, extract_text_answer, numbers_match
+from agent_core.text.tool_calls import CallError, parse_tool_calls
 from configs.judge import JudgeTerm
 from configs.run_config import RewardTerm, RunConfig
 

@@ -9,9 +9,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_core.judge import JudgeEngine
-from agent_core.rollout.hf_engine import HFRolloutEngine
-from agent_core.runtime import wants_cuda
+from agent_core.live import wants_cuda
+from agent_core.rewards.judge import JudgeEngine
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JUDGE_POLICY
 from configs.run_config import RunConfig
 

@@ -12,16 +12,16 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel
 
+from agent_core.core.records import Step, Task
 from agent_core.envs import make_tasks
-from agent_core.judge_engines import judge_engines
-from agent_core.records import Step, Task
-from agent_core.rewards import configured_terms, group_trajectories, score_steps
+from agent_core.envs.task_file import held_out_tasks
+from agent_core.rewards.judge_engines import judge_engines
+from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
 from agent_core.rollout.loop import RolloutMeta
-from agent_core.task_file import held_out_tasks
 from configs.run_config import RunConfig
 
 if TYPE_CHECKING:
-    from agent_core.runtime import Engine
+    from agent_core.live import Engine
 
 EVAL_SEED_OFFSET = 9_973  # sampling seed of evaluation, apart from training's
 
@@ -100,7 +100,7 @@ def evaluate_policy(
     out_dir: Path,
 ) -> EvalOutcome:
     """Run the held-out episodes with `engine`, score them, write the table, aggregate."""
-    from agent_core.iteration import make_loop
+    from agent_core.run.phases import make_loop
 
     tasks = eval_tasks(cfg)
     loop = make_loop(
@@ -133,7 +133,7 @@ def evaluate_policy(
 def checkpoint_folder(cfg: RunConfig, spec: str) -> Path:
     """The folder of 'latest', 'iter_0003' / '3' (of the configured run) or a path; only
     the run's 'latest' pointer is read (a deployment run's folders are checked on it)."""
-    from agent_core.iteration import CHECKPOINTS, LATEST, run_dir_of
+    from agent_core.run.phases import CHECKPOINTS, LATEST, run_dir_of
 
     checkpoints = run_dir_of(cfg) / CHECKPOINTS
     if spec == "latest":
@@ -184,8 +184,9 @@ def evaluate_in_training(
     """Evaluate policy `version` of a training run (`run`: its RunHandle) and log eval/* at
     step `version` to it; with `before_warmup`, the base model as eval_base/* at step 0.
     Done once: a rerun returns the stored outcome."""
-    from agent_core import runtime, tracking
-    from agent_core.iteration import policy_weights
+    from agent_core import live as runtime
+    from agent_core import tracking
+    from agent_core.run.phases import policy_weights
 
     run_dir = Path(run.run_dir)
     label = "base" if before_warmup else f"iter_{version:04d}"
@@ -203,7 +204,7 @@ def evaluate_in_training(
     artifact = f"eval/{label}_episodes.json"
     tracking.log_table(cfg.tracking, run.mlflow_run_id, Path(outcome.table_path), artifact)
     if cfg.tracking.plot_curve and not before_warmup:
-        from agent_core.reporting import CURVE_BASELINES, CURVE_KEYS
+        from agent_core.run.report import CURVE_BASELINES, CURVE_KEYS
 
         tracking.log_learning_curve(cfg.tracking, run.mlflow_run_id, CURVE_KEYS, CURVE_BASELINES)
     marker.write_text(outcome.model_dump_json())
@@ -214,9 +215,9 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     """Evaluate any checkpoint ('base', 'latest', 'iter_k', a folder) in an MLflow run of its
     own, nested under the training run of `cfg.run.name` when that run exists."""
     from agent_core import tracking
-    from agent_core.config import flatten
-    from agent_core.iteration import run_dir_of
-    from agent_core.runtime import close_engine, new_engine
+    from agent_core.config.load import flatten
+    from agent_core.live import close_engine, new_engine
+    from agent_core.run.phases import run_dir_of
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)

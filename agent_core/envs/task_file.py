@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from agent_core.records import Task
+from agent_core.core.records import Task
 from configs.task_file import TaskFileSection, TaskSplit
 
 ROW = "__steprl_row"  # the file's 0-based row number, added to every scan

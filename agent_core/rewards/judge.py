@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent_core.agent_flow import AgentFlow
-from agent_core.judge_replies import parse_group_scores, parse_score
-from agent_core.records import Observation, Step, Task
+from agent_core.core.records import Observation, Step, Task
+from agent_core.prompting.renderer import AgentFlow
+from agent_core.rewards.judge_replies import parse_group_scores, parse_score
 from agent_core.rollout.engine import Generation, SamplingParams
 from configs.judge import JudgeTerm
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import openai
 
-from agent_core.records import Task
-from agent_core.registry import resolve
+from agent_core.core.records import Task
+from agent_core.core.registry import resolve
 
 KILL_WAIT_S = 5.0
 # each episode's process runs a `python -m` main module again as '__mp_main__' (what

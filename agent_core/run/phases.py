@@ -20,8 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from agent_core import run_lock, runtime
-from agent_core.agent_flow import AgentFlow
+from agent_core import live as runtime
 from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
@@ -30,13 +29,14 @@ from agent_core.algorithms.diagnostics import (
     update_warnings,
 )
 from agent_core.algorithms.returns import StepArrays
-from agent_core.config import changed_settings, dump_config, flatten
+from agent_core.config.load import changed_settings, dump_config, flatten
+from agent_core.core.faults import crash_point
+from agent_core.core.records import Step, Task
+from agent_core.core.registry import resolve
 from agent_core.envs import env_class, make_env, make_tasks
-from agent_core.faults import crash_point
-from agent_core.judge_engines import judge_engines
+from agent_core.envs.task_file import sample_train_tasks
 from agent_core.models import ensure_model_folder
-from agent_core.records import Step, Task
-from agent_core.registry import resolve
+from agent_core.prompting.renderer import AgentFlow
 from agent_core.replay.schema import steps_to_table, table_to_steps
 from agent_core.replay.store import (
     CorruptPartitionError,
@@ -50,13 +50,14 @@ from agent_core.replay.store import (
     verify_partition,
     write_ipc,
 )
-from agent_core.rewards import configured_terms, group_trajectories, score_steps
-from agent_core.rollout.agent_loop import AgentFunctionLoop, agent_function_loop
+from agent_core.rewards.judge_engines import judge_engines
+from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
 from agent_core.rollout.shard import shard_count, shard_tasks
+from agent_core.run import lock as run_lock
+from agent_core.serving.agent_loop import AgentFunctionLoop, agent_function_loop
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
-from agent_core.task_file import sample_train_tasks
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict, saved_layout
 from configs.run_config import RunConfig

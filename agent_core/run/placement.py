@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent_core import iteration as phases
-from agent_core import runtime
-from agent_core.iteration import RunHandle, ShardResult
+from agent_core import live as runtime
+from agent_core.run import phases
+from agent_core.run.phases import RunHandle, ShardResult
 from configs.run_config import RunConfig
 
 _POOLS: dict[str, object] = {}

@@ -134,7 +134,7 @@ def resolve(
     found = _import_attribute(kind, name)
     if not (accepts(found) if accepts is not None else is_plugin(found, kind)):
         wanted = wanted or (
-            f"a function marked @plugin({kind!r}) (from agent_core.registry import plugin)"
+            f"a function marked @plugin({kind!r}) (from agent_core.core.registry import plugin)"
         )
         raise WrongRoleError(f"{kind} {name!r} resolves to {found!r}, which is not {wanted}")
     return found

@@ -11,9 +11,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from agent_core.algorithms.diagnostics import update_warnings
-from agent_core.envs.tool_calls import CallError, parse_tool_calls
-from agent_core.faults import crash_point
-from agent_core.iteration import (
+from agent_core.core.faults import crash_point
+from agent_core.core.records import Step
+from agent_core.replay.schema import table_to_steps
+from agent_core.replay.store import iteration_dir, read_partition, verify_partition
+from agent_core.rewards.scoring import group_trajectories
+from agent_core.run.phases import (
     LOGGED_MARK,
     PartitionResult,
     RunHandle,
@@ -21,10 +24,7 @@ from agent_core.iteration import (
     ShardResult,
     UpdateResult,
 )
-from agent_core.records import Step
-from agent_core.replay.schema import table_to_steps
-from agent_core.replay.store import iteration_dir, read_partition, verify_partition
-from agent_core.rewards import group_trajectories
+from agent_core.text.tool_calls import CallError, parse_tool_calls
 from configs.run_config import RunConfig
 
 CURVE_KEYS = ["reward/mean", "success_rate", "eval/success_rate"]

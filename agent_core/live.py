@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_core.rollout.hf_engine import HFRolloutEngine
-from agent_core.rollout.remote_engine import RemoteRolloutEngine, RemoteSettings
+from agent_core.rollout.engines.hf import HFRolloutEngine
+from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from agent_core.workers.trainer_group import TrainerGroup
 from configs.run_config import RunConfig
@@ -112,7 +112,7 @@ def remote_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
 
 def vllm_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
     """A vLLM server started on `weights` (stopped when the engine closes) and its client."""
-    from agent_core.rollout.vllm_server import VLLMServer
+    from agent_core.rollout.engines.vllm_server import VLLMServer
 
     v = cfg.rollout.vllm
     server = VLLMServer(v, weights, cfg.rollout.dtype, cfg.run.seed)

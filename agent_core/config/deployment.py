@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from agent_core.config import SHIPPED_DATA, ConfigError, DeploymentLimits
+from agent_core.config.load import SHIPPED_DATA, ConfigError, DeploymentLimits
 from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import RunConfig
 from configs.search import SearchToolOptions
@@ -210,7 +210,7 @@ def _unsafe_vllm_args(args: list[str]) -> str | None:
 def check_checkpoint(config: RunConfig, spec: str, limits: DeploymentLimits) -> None:
     """Refuse the `evaluate` flow's checkpoint when its folder is outside the folders a
     deployment run may read ('base' is model.path, checked with the config)."""
-    from agent_core.evaluation import checkpoint_folder
+    from agent_core.run.evaluate import checkpoint_folder
 
     if spec == "base":
         return

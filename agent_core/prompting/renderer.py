@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent_core.envs.tool_calls import CLOSE_TAG, OPEN_TAG
-from agent_core.records import Message, Observation
+from agent_core.core.records import Message, Observation
+from agent_core.text.tool_calls import CLOSE_TAG, OPEN_TAG
 
 
 def compact_tools_block(tools: list[dict[str, Any]]) -> str:

@@ -27,7 +27,7 @@ __all__ = [
     "load_config",
 ]
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
 SHIPPED_DATA = PRESETS_DIR / "data"
 # Set by `steprl serve` in the process that executes deployment runs (its children inherit
 # it); a run's parameters cannot reach it, and without it a deployment run gets no extras.
@@ -214,10 +214,10 @@ def check_config(
     Prefect deployment never passes `load_config`), so a typo fails before any model loads;
     raises ConfigError naming each field and its fix. With `limits` (a deployment run),
     'module:attribute' names outside `limits.modules` are refused before anything is
-    imported, and files, folders and executables outside what `agent_core.deployment_paths`
+    imported, and files, folders and executables outside what `agent_core.config.deployment`
     allows before they are opened or started (also the `evaluate` flow's `checkpoint`)."""
-    from agent_core.deployment_paths import check_checkpoint
-    from agent_core.registry import ModuleAllowlist, only_modules
+    from agent_core.config.deployment import check_checkpoint
+    from agent_core.core.registry import ModuleAllowlist, only_modules
 
     allowed = ModuleAllowlist(limits.modules, HOW_TO_ALLOW_MODULE) if limits else None
     with only_modules(allowed) if allowed else nullcontext():
@@ -231,8 +231,8 @@ def check_config(
 def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
     """One '  field: message' line per failed check; a deployment run's refused paths first,
     and no check that would read one of them runs."""
-    from agent_core.deployment_paths import path_problems
-    from agent_core.registry import UnknownNameError
+    from agent_core.config.deployment import path_problems
+    from agent_core.core.registry import UnknownNameError
 
     refused = path_problems(config, limits) if limits is not None else []
     problems = [f"  {field}: {message}" for field, message in [*refused, *_size_problems(config)]]
@@ -251,9 +251,10 @@ def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
 
 def _env_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     """(field, check) for the env: its name, context, constructor, tasks, tools; the model."""
-    from agent_core.context import make_context_policy
-    from agent_core.envs import contract, env_class
-    from agent_core.registry import resolve
+    from agent_core.config import env_contract as contract
+    from agent_core.core.registry import resolve
+    from agent_core.envs import env_class
+    from agent_core.prompting.context import make_context_policy
     from agent_core.tools import make_tool, tool_class
 
     env = config.env
@@ -290,9 +291,9 @@ def _env_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
 def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     """(field, check) for the reward terms and the estimator."""
     from agent_core.algorithms.advantages import ESTIMATORS
-    from agent_core.envs import contract
-    from agent_core.registry import resolve
-    from agent_core.rewards import reward_fn
+    from agent_core.config import env_contract as contract
+    from agent_core.core.registry import resolve
+    from agent_core.rewards.scoring import reward_fn
 
     terms = config.reward.terms
     checks: list[tuple[str, Callable[[], Any]]] = []
@@ -316,8 +317,8 @@ def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
 
 def _known_env(config: RunConfig) -> type | None:
     """The env class, or None when its name does not resolve (reported as env.name)."""
+    from agent_core.core.registry import UnknownNameError
     from agent_core.envs import env_class
-    from agent_core.registry import UnknownNameError
 
     try:
         return env_class(config.env.name)
@@ -326,7 +327,7 @@ def _known_env(config: RunConfig) -> type | None:
 
 
 def _check_env(config: RunConfig, check: Callable[..., None], *args: Any) -> None:
-    """Run one of agent_core.envs.contract's checks on the configured env (skipped when its
+    """Run one of agent_core.config.env_contract's checks on the configured env (skipped when its
     name does not resolve: that is reported as env.name)."""
     cls = _known_env(config)
     if cls is not None:
@@ -347,7 +348,7 @@ def _check_env_takes_tools(config: RunConfig) -> None:
 def _check_task_file(config: RunConfig) -> None:
     """Open env.tasks (columns, empty cells, disjoint splits) and fit the run's sizes to its
     splits; an env without tasks of its own needs a file."""
-    from agent_core.task_file import open_task_file
+    from agent_core.envs.task_file import open_task_file
 
     spec = config.env.tasks
     if spec is None:

@@ -1,0 +1,3 @@
+"""Reading the model's text: the Hermes tool-call format and final-answer extraction and
+comparison.
+"""
