@@ -1,6 +1,7 @@
 """The `trainer` section: the DeepSpeed policy update, its fields in documented groups like TRL's
 GRPOConfig (optimisation, batching, policy loss, KL to a reference, value head, precision and
-memory, devices and distribution, LoRA, checkpoints, diagnostics)."""
+memory, devices and distribution, LoRA, checkpoints, diagnostics), named in `TRAINER_GROUPS`
+for the configuration reference."""
 
 from __future__ import annotations
 
@@ -224,3 +225,33 @@ class TrainerSection(Section):
                 f"{self.micro_batch_size * max(1, self.mini_batch_size // self.micro_batch_size)}"
             )
         return self
+
+
+# TrainerSection's fields by group, in field order: the configuration reference prints each
+# group as a sub-heading (tests check that the groups hold every field once, in order).
+TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
+    "Optimisation": ("learning_rate", "weight_decay", "betas", "max_grad_norm", "epochs"),
+    "Batching": (
+        "micro_batch_size",
+        "mini_batch_size",
+        "micro_batch_tokens",
+        "pack_trajectories",
+        "shared_prefix",
+        "skip_zero_advantage",
+    ),
+    "Policy loss": (
+        "clip_eps",
+        "clip_eps_high",
+        "clip_ratio_c",
+        "old_logprobs",
+        "loss_agg_mode",
+        "entropy_coef",
+    ),
+    "KL to a reference": ("kl_loss_coef", "kl_estimator", "kl_clamp"),
+    "Value head": ("value_head", "value_loss_coef", "value_clip"),
+    "Precision and memory": ("dtype", "gradient_checkpointing"),
+    "Devices and distribution": ("accelerator", "zero_stage", "ranks", "rank_cpus", "rank_gpus"),
+    "LoRA": ("lora",),
+    "Checkpoints": ("save_deepspeed_state", "keep_checkpoints"),
+    "Diagnostics": ("estimate_reward_after_update",),
+}
