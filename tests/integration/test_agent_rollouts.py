@@ -450,8 +450,8 @@ def test_train_flow_iteration_with_an_agent_function(prefect_harness, tmp_path: 
     assert (Path(summary.run_dir) / "checkpoints" / "iter_0001" / "config.json").is_file()
 
 
-def test_readme_agent_trains_through_tool_calls(tiny_tokenizer, tmp_path: Path) -> None:
-    """The README's agent, as written, against replies that call its tool then answer: two
+def test_docs_agent_trains_through_tool_calls(tiny_tokenizer, tmp_path: Path) -> None:
+    """The agent of docs/agents.md, as written, against replies that call its tool then answer: two
     steps, the second extends the first, the tool result is its feedback, the answer scores."""
     import re
     import sys
@@ -460,9 +460,9 @@ def test_readme_agent_trains_through_tool_calls(tiny_tokenizer, tmp_path: Path) 
     from tests.conftest import REPO
     from tests.integration.test_policy_server import ScriptedEngine
 
-    readme = (REPO / "README.md").read_text()
-    [code] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-              if b.startswith("# readme-example: my_agent.py")]  # fmt: skip
+    page = (REPO / "docs" / "agents.md").read_text()
+    [code] = [b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+              if b.startswith("# docs-example: my_agent.py")]  # fmt: skip
     assert len(code.splitlines()) <= 40
     (tmp_path / "my_agent.py").write_text(code)
     task = CalculatorEnv.make_task(0)
@@ -512,15 +512,15 @@ def test_roles_get_their_own_trajectories_and_groups(tiny_model_dir, engine) -> 
     assert checker[0].done and checker[0].step_index == 0
 
 
-def test_readme_two_role_agent_runs(tiny_model_dir, engine, tmp_path: Path) -> None:
+def test_docs_two_role_agent_runs(tiny_model_dir, engine, tmp_path: Path) -> None:
     import re
     import sys
 
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
-    [code] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-              if b.startswith("# readme-example: two_roles.py")]  # fmt: skip
+    page = (REPO / "docs" / "agents.md").read_text()
+    [code] = [b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+              if b.startswith("# docs-example: two_roles.py")]  # fmt: skip
     (tmp_path / "two_roles.py").write_text(code)
     sys.path.insert(0, str(tmp_path))  # before load: the config check imports env.agent
     try:

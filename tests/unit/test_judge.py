@@ -229,10 +229,10 @@ def test_judge_runs_end_to_end_on_a_tiny_real_model(tiny_model_dir: Path) -> Non
     assert [len(c) for c in engine.calls] == [2, 2, 1, 1]
 
 
-def test_readme_judge_block_loads() -> None:
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"```yaml\n# readme-judge\n(.*?)```", readme, re.S)
-    assert block, "README lost its judge config block"
+def test_docs_judge_block_loads() -> None:
+    page = (REPO / "docs" / "extending.md").read_text()
+    block = re.search(r"```yaml\n# docs-judge\n(.*?)```", page, re.S)
+    assert block, "docs/extending.md lost its judge config block"
     terms = yaml.safe_load(block.group(1))["reward"]["terms"]
     cfg = load_config(None, [TINY, "reward.terms=" + json.dumps(terms)])
     assert cfg.reward.terms[0] == JudgeTerm.model_validate(terms[0])

@@ -182,10 +182,10 @@ def test_run_sizes_are_checked_against_the_splits(tmp_path: Path) -> None:
         config_from_dict({**_config(path), "env": {"name": "qa"}})
 
 
-def test_readme_data_file_block_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"```yaml\n# readme-data-file\n(.*?)```", readme, re.S)
-    assert block, "README lost its data-file config block"
+def test_docs_data_file_block_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (REPO / "docs" / "data.md").read_text()
+    block = re.search(r"```yaml\n# docs-data-file\n(.*?)```", page, re.S)
+    assert block, "docs/data.md lost its data-file config block"
     snippet = yaml.safe_load(block.group(1))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
@@ -206,7 +206,7 @@ SECRET = "root:x:0:0:hunter2-never-shown:/root:/bin/bash"
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_a_line_over_the_limit_is_refused_before_parsing(tmp_path: Path, fmt: str) -> None:
-    """A file without a newline (here 200 kB against a 64 kB limit; the README measures 2 GB
+    """A file without a newline (here 200 kB against a 64 kB limit; docs/results.md measures 2 GB
     against the default) fails with a TaskFileError naming the line, never reaching polars."""
     path = tmp_path / f"huge.{fmt}"
     path.write_bytes(b"question,answer\n" + b"x" * 200_000)

@@ -1,4 +1,5 @@
-"""The README's extension snippets work as written: a tool, two envs, a reward, an estimator."""
+"""The extension snippets of docs/extending.md work as written: a tool, two envs, a reward,
+an estimator, and the configs that name them."""
 
 from __future__ import annotations
 
@@ -11,32 +12,33 @@ import pytest
 import yaml
 
 from agent_core.algorithms import AdvantageOptions, StepArrays
-from agent_core.config import load_config
+from agent_core.config.load import load_config
+from agent_core.core.records import Action
+from agent_core.core.registry import resolve
 from agent_core.envs import make_env, make_tasks
-from agent_core.records import Action
-from agent_core.registry import resolve
-from agent_core.rewards import configured_terms, reward_fn
+from agent_core.rewards.scoring import configured_terms, reward_fn
 from tests.conftest import REPO
 
-MARK = "# readme-example: my_ext.py"
+PAGE = REPO / "docs" / "extending.md"
+MARK = "# docs-example: my_ext.py"
 
 
 @pytest.fixture(scope="module")
 def my_ext(tmp_path_factory: pytest.TempPathFactory):
-    readme = (REPO / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if b.startswith(MARK)]
+    page = PAGE.read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith(MARK)]
     assert len(blocks) == 5
     folder = tmp_path_factory.mktemp("ext")
     (folder / "my_ext.py").write_text("\n".join(blocks))
     sys.path.insert(0, str(folder))
-    yield readme
+    yield page
     sys.path.remove(str(folder))
     sys.modules.pop("my_ext", None)
 
 
-def _yaml_snippet(readme: str) -> dict:
-    block = re.search(r"```yaml\n(env: \{name: \"my_ext:WordCountEnv\"\}.*?)```", readme, re.S)
-    assert block, "README lost its config snippet"
+def _yaml_snippet(page: str) -> dict:
+    block = re.search(r"```yaml\n(env: \{name: \"my_ext:WordCountEnv\"\}.*?)```", page, re.S)
+    assert block, "docs/extending.md lost its config snippet"
     return yaml.safe_load(block.group(1))
 
 
@@ -63,8 +65,8 @@ def test_env_and_tool_run(my_ext: str) -> None:
 
 
 def test_guess_env_runs_with_its_config_snippet(my_ext: str) -> None:
-    block = re.search(r"```yaml\n# readme-guess-config\n(.*?)```", my_ext, re.S)
-    assert block, "README lost the guess env's config"
+    block = re.search(r"```yaml\n# docs-guess-config\n(.*?)```", my_ext, re.S)
+    assert block, "docs/extending.md lost the guess env's config"
     section = yaml.safe_load(block.group(1))["env"]
     config = load_config("smoke", [f"env.{k}={json.dumps(v)}" for k, v in section.items()])
     env_cfg = config.env
