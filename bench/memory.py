@@ -60,10 +60,14 @@ def measure(phase: str, iteration: int, fn, *args):
 
 def run(root: Path, args: argparse.Namespace) -> None:
     """The demo config's iterations, phase by phase (like flows/train.py without Prefect)."""
+    from agent_core.collect.shard import collect_shard
     from agent_core.config.load import load_config
     from agent_core.rollout.shard import shard_count
-    from agent_core.run import phases
     from agent_core.run import report as reporting
+    from agent_core.run.commit import commit
+    from agent_core.run.prepare import finish_run, prepare_run
+    from agent_core.run.score import score
+    from agent_core.run.update import update
 
     cfg = load_config(
         "smoke" if args.smoke else "calculator_grpo",
@@ -85,21 +89,21 @@ def run(root: Path, args: argparse.Namespace) -> None:
         f"{torch.get_num_threads()} torch threads",
         flush=True,
     )
-    run_h = measure("prepare", 0, phases.prepare_run, cfg, {})
+    run_h = measure("prepare", 0, prepare_run, cfg, {})
     for k in range(run_h.start_iteration, run_h.iterations + 1):
         shards = [
-            measure("collect", k, phases.collect_shard, cfg, run_h, k, shard)
+            measure("collect", k, collect_shard, cfg, run_h, k, shard)
             for shard in range(shard_count(cfg))
         ]
-        scored = measure("score", k, phases.score, cfg, run_h, k, shards)
-        partition = measure("write_replay", k, phases.commit, cfg, run_h, k, scored)
-        updated = measure("update", k, phases.update, cfg, run_h, k, partition)
+        scored = measure("score", k, score, cfg, run_h, k, shards)
+        partition = measure("write_replay", k, commit, cfg, run_h, k, scored)
+        updated = measure("update", k, update, cfg, run_h, k, partition)
         measure(
             "log", k, reporting.log_iteration, cfg, run_h, k, shards, scored, partition, updated
         )
         rows = updated.metrics.get("rows", 0)
         print(f"iteration {k}: {scored.steps} steps, {rows:.0f} trained rows", flush=True)
-    phases.finish_run(cfg, run_h)
+    finish_run(cfg, run_h)
 
 
 def print_table(start_rss: float) -> None:

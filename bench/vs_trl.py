@@ -72,18 +72,22 @@ def steprl_config(root: Path, model: Path, iterations: int):
 
 def run_steprl(cfg) -> list[dict[str, float]]:
     """steprl iterations through the phase functions; seconds per phase and in all."""
+    from agent_core.collect.shard import collect_shard
     from agent_core.rollout.shard import shard_count
-    from agent_core.run import phases
     from agent_core.run import report as reporting
+    from agent_core.run.commit import commit
+    from agent_core.run.prepare import finish_run, prepare_run
+    from agent_core.run.score import score
+    from agent_core.run.update import update
 
-    run = phases.prepare_run(cfg, {})
+    run = prepare_run(cfg, {})
     out = []
     for k in range(run.start_iteration, run.iterations + 1):
         start = time.perf_counter()
-        shards = [phases.collect_shard(cfg, run, k, s) for s in range(shard_count(cfg))]
-        scored = phases.score(cfg, run, k, shards)
-        partition = phases.commit(cfg, run, k, scored)
-        updated = phases.update(cfg, run, k, partition)
+        shards = [collect_shard(cfg, run, k, s) for s in range(shard_count(cfg))]
+        scored = score(cfg, run, k, shards)
+        partition = commit(cfg, run, k, scored)
+        updated = update(cfg, run, k, partition)
         reporting.log_iteration(cfg, run, k, shards, scored, partition, updated)
         wall = time.perf_counter() - start
         out.append(
@@ -96,7 +100,7 @@ def run_steprl(cfg) -> list[dict[str, float]]:
             }
         )
         print(f"  steprl iteration {k}: {wall:.1f} s", flush=True)
-    phases.finish_run(cfg, run)
+    finish_run(cfg, run)
     return out
 
 
@@ -104,9 +108,9 @@ def prompts(cfg, iterations: int) -> tuple[list[str], list[float]]:
     """The first-turn prompt text and answer of each task steprl trains on, in its order."""
     from transformers import AutoTokenizer
 
+    from agent_core.collect.iteration_tasks import iteration_tasks
     from agent_core.envs import make_env
     from agent_core.prompting.renderer import AgentFlow
-    from agent_core.run.phases import iteration_tasks
 
     e = cfg.env
     flow = AgentFlow(AutoTokenizer.from_pretrained(cfg.model.path), e.tool_prompt)

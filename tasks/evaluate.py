@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
+from agent_core.core.results import RunHandle
 from agent_core.run import evaluate as evaluation
 from agent_core.run.evaluate import EvalOutcome, EvalRun
-from agent_core.run.phases import RunHandle
 from configs.run_config import RunConfig
 
 

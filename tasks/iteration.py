@@ -18,9 +18,15 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from pydantic import BaseModel
 
-from agent_core.run import phases, placement, warmup
+from agent_core.core.results import (
+    PartitionResult,
+    RunHandle,
+    ScoreResult,
+    ShardResult,
+    UpdateResult,
+)
+from agent_core.run import commit, placement, prepare, score, update, warmup
 from agent_core.run import report as reporting
-from agent_core.run.phases import PartitionResult, RunHandle, ScoreResult, ShardResult, UpdateResult
 from agent_core.run.placement import SyncResult
 from agent_core.run.report import LogResult
 from agent_core.run.warmup import WarmupResult
@@ -62,7 +68,7 @@ def artifact_key(run_name: str, iteration: int) -> str:
 def prepare_run(config: RunConfig, tags: dict[str, str]) -> RunHandle:
     """Model folder, run folder, MLflow run, and the iteration to start from; an earlier flow
     run of this run folder that Prefect still shows unfinished is marked Crashed."""
-    run = phases.prepare_run(config, tags)
+    run = prepare.prepare_run(config, tags)
     try:
         crashed = flow_runs.take_over(run.run_dir, tags["prefect.flow_run_id"])
     except Exception as exc:  # a stale state in the UI must not stop the run that repairs it
@@ -96,7 +102,7 @@ def score_rollouts(
     config: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]
 ) -> ScoreResult:
     """Rewards and advantages for the iteration's steps."""
-    return phases.score(config, run, iteration, shards)
+    return score.score(config, run, iteration, shards)
 
 
 @task(name="write_replay", retries=1, **CACHED)
@@ -104,7 +110,7 @@ def write_replay(
     config: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult
 ) -> PartitionResult:
     """Commit the iteration's Arrow replay partition (its groups and trajectories checked)."""
-    return phases.commit(config, run, iteration, scored)
+    return commit.commit(config, run, iteration, scored)
 
 
 @task(name="update_policy", **CACHED)
@@ -112,7 +118,7 @@ def update_policy(
     config: RunConfig, run: RunHandle, iteration: int, partition: PartitionResult
 ) -> UpdateResult:
     """One DeepSpeed policy update on the partition; saves the next checkpoint."""
-    return phases.update(config, run, iteration, partition)
+    return update.update(config, run, iteration, partition)
 
 
 @task(name="sync_weights", cache_policy=NONE)
@@ -157,4 +163,4 @@ def log_iteration(
 def finish_run(config: RunConfig, run: RunHandle, status: str) -> None:
     """End the MLflow run, free live models and stop the run's rollout workers."""
     placement.release(run.run_dir)
-    phases.finish_run(config, run, status)
+    prepare.finish_run(config, run, status)

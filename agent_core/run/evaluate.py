@@ -100,7 +100,7 @@ def evaluate_policy(
     out_dir: Path,
 ) -> EvalOutcome:
     """Run the held-out episodes with `engine`, score them, write the table, aggregate."""
-    from agent_core.run.phases import make_loop
+    from agent_core.collect.loops import make_loop
 
     tasks = eval_tasks(cfg)
     loop = make_loop(
@@ -133,7 +133,7 @@ def evaluate_policy(
 def checkpoint_folder(cfg: RunConfig, spec: str) -> Path:
     """The folder of 'latest', 'iter_0003' / '3' (of the configured run) or a path; only
     the run's 'latest' pointer is read (a deployment run's folders are checked on it)."""
-    from agent_core.run.phases import CHECKPOINTS, LATEST, run_dir_of
+    from agent_core.core.run_folder import CHECKPOINTS, LATEST, run_dir_of
 
     checkpoints = run_dir_of(cfg) / CHECKPOINTS
     if spec == "latest":
@@ -186,7 +186,7 @@ def evaluate_in_training(
     Done once: a rerun returns the stored outcome."""
     from agent_core import live as runtime
     from agent_core import tracking
-    from agent_core.run.phases import policy_weights
+    from agent_core.core.run_folder import policy_weights
 
     run_dir = Path(run.run_dir)
     label = "base" if before_warmup else f"iter_{version:04d}"
@@ -216,8 +216,8 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     own, nested under the training run of `cfg.run.name` when that run exists."""
     from agent_core import tracking
     from agent_core.config.load import flatten
+    from agent_core.core.run_folder import run_dir_of
     from agent_core.live import close_engine, new_engine
-    from agent_core.run.phases import run_dir_of
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)

@@ -10,8 +10,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from agent_core import live as runtime
-from agent_core.run import phases
-from agent_core.run.phases import RunHandle, ShardResult
+from agent_core.collect.shard import collect_shard
+from agent_core.core.results import RunHandle, ShardResult
+from agent_core.core.run_folder import policy_weights
 from configs.run_config import RunConfig
 
 _POOLS: dict[str, object] = {}
@@ -42,7 +43,7 @@ def pool_for(cfg: RunConfig, run: RunHandle):
 def collect(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
     """Collect one shard here or on its rollout worker (same files, same rows)."""
     if cfg.rollout.workers == 0:
-        return phases.collect_shard(cfg, run, iteration, shard)
+        return collect_shard(cfg, run, iteration, shard)
     return pool_for(cfg, run).collect(cfg, run, iteration, shard)
 
 
@@ -52,7 +53,7 @@ def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
     server engine's server loads the checkpoint folder; workers load the checkpoint folder, or
     read the weights once put into Ray's object store."""
     if cfg.rollout.workers == 0 and cfg.rollout.engine != "hf":  # the server loads the folder
-        weights = phases.policy_weights(run, iteration)
+        weights = policy_weights(run, iteration)
         seconds = runtime.sync_server_engine(cfg, Path(run.run_dir), iteration, weights)
         return SyncResult(iteration=iteration, policy_version=iteration, mode="server",
                           workers=0, seconds=seconds)  # fmt: skip
@@ -60,7 +61,7 @@ def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
         return SyncResult(iteration=iteration, policy_version=iteration, mode="in-process",
                           workers=0, seconds=0.0)  # fmt: skip
     start = time.perf_counter()
-    weights = phases.policy_weights(run, iteration)
+    weights = policy_weights(run, iteration)
     state = None
     mode = cfg.ray.weight_sync
     if mode == "object_store":

@@ -13,17 +13,17 @@ from pydantic import BaseModel
 from agent_core.algorithms.diagnostics import update_warnings
 from agent_core.core.faults import crash_point
 from agent_core.core.records import Step
-from agent_core.replay.schema import table_to_steps
-from agent_core.replay.store import iteration_dir, read_partition, verify_partition
-from agent_core.rewards.scoring import group_trajectories
-from agent_core.run.phases import (
-    LOGGED_MARK,
+from agent_core.core.results import (
     PartitionResult,
     RunHandle,
     ScoreResult,
     ShardResult,
     UpdateResult,
 )
+from agent_core.core.run_folder import LOGGED_MARK
+from agent_core.replay.schema import table_to_steps
+from agent_core.replay.store import iteration_dir, read_partition, verify_partition
+from agent_core.rewards.scoring import group_trajectories
 from agent_core.text.tool_calls import CallError, parse_tool_calls
 from configs.run_config import RunConfig
 

@@ -15,11 +15,14 @@ import polars as pl
 from pydantic import BaseModel
 
 from agent_core import live as runtime
+from agent_core.collect.iteration_tasks import train_tasks
+from agent_core.collect.loops import make_loop
+from agent_core.core.results import RunHandle
+from agent_core.core.run_folder import warmup_dir
 from agent_core.envs import env_class
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.loop import RolloutMeta
-from agent_core.run.phases import RunHandle, make_loop, train_tasks, warmup_dir
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from agent_core.workers.trainer_group import TrainerGroup

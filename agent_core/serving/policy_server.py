@@ -241,7 +241,7 @@ def serving_config(
     folder `<run>/checkpoints/iter_k`, else the run `preset` names. `preset` (default
     calculator_grpo) alone serves a model folder of no run, or any with `run_config` off."""
     from agent_core.config.load import load_config
-    from agent_core.run.phases import CHECKPOINTS, run_dir_of
+    from agent_core.core.run_folder import CHECKPOINTS, run_dir_of
 
     folder = Path(checkpoint)
     recorded = None

@@ -32,12 +32,13 @@ class RolloutWorker:
 
     def collect(self, cfg_json: str, run_json: str, iteration: int, shard: int) -> str:
         """Run one shard exactly as the in-process path does; returns its ShardResult JSON."""
-        from agent_core.run import phases
+        from agent_core.collect.shard import collect_shard
+        from agent_core.core.results import RunHandle
         from configs.run_config import RunConfig
 
         cfg = RunConfig.model_validate_json(cfg_json)
-        run = phases.RunHandle.model_validate_json(run_json)
-        return phases.collect_shard(cfg, run, iteration, shard).model_dump_json()
+        run = RunHandle.model_validate_json(run_json)
+        return collect_shard(cfg, run, iteration, shard).model_dump_json()
 
     def sync(
         self, cfg_json: str, run_json: str, version: int, weights: str, state: dict | None
@@ -45,11 +46,11 @@ class RolloutWorker:
         """Hold policy `version`: load `state` (weights from the object store) when given,
         else the HF checkpoint folder `weights`. Returns the seconds it took."""
         from agent_core import live as runtime
-        from agent_core.run import phases
+        from agent_core.core.results import RunHandle
         from configs.run_config import RunConfig
 
         start = time.perf_counter()
         cfg = RunConfig.model_validate_json(cfg_json)
-        run = phases.RunHandle.model_validate_json(run_json)
+        run = RunHandle.model_validate_json(run_json)
         runtime.engine_at(cfg, Path(run.run_dir), version, Path(weights), state)
         return time.perf_counter() - start

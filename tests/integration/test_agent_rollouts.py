@@ -17,12 +17,12 @@ from pathlib import Path
 import openai
 import pytest
 
+from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
 from agent_core.core.records import Task
 from agent_core.core.registry import plugin
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
-from agent_core.run.phases import make_loop
 from agent_core.serving.episodes import EpisodeLog
 from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_core import live as runtime
+from agent_core.collect.shard import collect_shard
 from agent_core.config.load import load_config
+from agent_core.core.results import RunHandle
 from agent_core.replay.store import read_ipc
-from agent_core.run.phases import RunHandle, collect_shard
 
 COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "response_logprobs", "feedback_text",
            "reward")  # fmt: skip

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
+from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
 from agent_core.envs import make_env
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.prompting.renderer import AgentFlow
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
-from agent_core.run.phases import make_loop
 from tests.integration.test_agent_rollouts import run_agent
 from tests.integration.test_policy_server import RecordingEngine, ScriptedEngine
 

@@ -14,12 +14,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_core import live as runtime
+from agent_core.collect.iteration_tasks import iteration_tasks
+from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.engines.remote import RemoteEngineError, RemoteRolloutEngine, RemoteSettings
 from agent_core.rollout.loop import RolloutMeta
-from agent_core.run.phases import iteration_tasks, make_loop
 from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings
 

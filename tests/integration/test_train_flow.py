@@ -12,10 +12,12 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from agent_core.collect.shard import run_shard
 from agent_core.config.load import load_config
+from agent_core.core.results import RunHandle
 from agent_core.replay import read_partition, steps_to_table, table_to_steps
-from agent_core.run import phases
 from agent_core.run.lock import RunLockedError
+from agent_core.run.score import score_in_place
 from flows.train import train
 from tests.conftest import hold_run_lock
 
@@ -66,16 +68,16 @@ def test_replay_rows_equal_the_collected_steps(trained) -> None:
     """Collect and score iteration 1 again from the base policy (same seeds): the committed
     Arrow rows must equal those steps — count, token ids, log-probs, rewards, advantages."""
     config, summary, _ = trained
-    run = phases.RunHandle(
+    run = RunHandle(
         run_dir=summary.run_dir,
         mlflow_run_id=summary.mlflow_run_id,
         base_model=str(Path(config.model.path).resolve()),
         start_iteration=1,
         iterations=1,
     )
-    raw, stats = phases.run_shard(config, run, 1, 0)
+    raw, stats = run_shard(config, run, 1, 0)
     collected = table_to_steps(steps_to_table(raw))  # a copy: scoring below changes `raw`
-    phases.score_in_place(config, run, 1, raw)
+    score_in_place(config, run, 1, raw)
     scored = raw
     stored = table_to_steps(read_partition(summary.run_dir, 1))
     assert len(stored) == len(collected) == stats.steps > 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.config.load import ConfigError, config_from_dict, load_config
 from agent_core.core.records import Action, Task
 from agent_core.envs import make_env
@@ -23,7 +24,6 @@ from agent_core.envs.code_tasks import (
 from agent_core.envs.code_tasks_file import task_rows
 from agent_core.envs.code_tests import HiddenTestsResult, judge
 from agent_core.run.evaluate import eval_tasks
-from agent_core.run.phases import train_tasks
 from agent_core.tools import python_sandbox
 from agent_core.tools.python_sandbox import sandbox_problem
 

@@ -33,7 +33,8 @@ def test_an_iteration_that_lost_too_many_episodes_fails_loudly() -> None:
 def test_scoring_refuses_an_iteration_that_lost_too_many(tmp_path) -> None:
     """The check sits in the score phase, before any row is read or trained on."""
     from agent_core.config.load import load_config
-    from agent_core.run.phases import RunHandle, ShardResult, score
+    from agent_core.core.results import RunHandle, ShardResult
+    from agent_core.run.score import score
 
     cfg = load_config("smoke", ["env.agent_max_failed_share=0.25"])
     run = RunHandle(run_dir=str(tmp_path), mlflow_run_id="r", base_model="m",

@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 def test_agent_core_imports_neither_prefect_nor_mlflow() -> None:
     code = (
-        "import sys, agent_core, agent_core.run.phases, agent_core.config.load, agent_core.envs; "
+        "import sys, agent_core, agent_core.run.score, agent_core.run.update, agent_core.collect.shard, agent_core.config.load, agent_core.envs; "
         "bad = [m for m in ('prefect', 'mlflow') if m in sys.modules]; "
         "print(','.join(bad))"
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent_core.replay import commit_partition, steps_to_table
 from agent_core.replay.store import MANIFEST_FILE, STEPS_FILE, iteration_dir, write_ipc
-from agent_core.run.phases import repair_iteration
+from agent_core.run.prepare import repair_iteration
 from tests.unit.test_replay import make_steps
 
 
@@ -57,7 +57,8 @@ def test_intact_iteration_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_a_repair_changes_the_task_cache_key_for_good(tmp_path: Path) -> None:
-    from agent_core.run.phases import RunHandle, repairs
+    from agent_core.core.results import RunHandle
+    from agent_core.core.run_folder import repairs
     from tasks.iteration import phase_key
 
     commit_partition(tmp_path, 1, steps_to_table(make_steps(2)))

@@ -311,7 +311,7 @@ def test_a_decoder_panic_becomes_corrupt_partition_error(tmp_path: Path) -> None
 
 def test_logging_and_warm_up_refuse_a_damaged_partition(tmp_path: Path) -> None:
     from agent_core.config.load import load_config
-    from agent_core.run.phases import PartitionResult, RunHandle, ScoreResult, UpdateResult
+    from agent_core.core.results import PartitionResult, RunHandle, ScoreResult, UpdateResult
     from agent_core.run.report import log_iteration
     from agent_core.run.warmup import file_rows
 

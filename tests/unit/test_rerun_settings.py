@@ -44,7 +44,7 @@ def test_a_rerun_with_nothing_left_says_how_to_go_on() -> None:
 def test_a_rerun_with_other_ranks_or_zero_stage_is_refused_at_its_start(tmp_path: Path) -> None:
     """The optimizer state of the checkpoint a rerun goes on from is partitioned by ranks and
     ZeRO stage: other ones are refused before any work, naming the setting and the fix."""
-    from agent_core.run.phases import refuse_other_layout
+    from agent_core.run.prepare import refuse_other_layout
     from agent_core.trainer.policy_trainer import DS_STATE_DIR
 
     checkpoint = tmp_path / "checkpoints" / "iter_0001"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent_core.core.records import Step
-from agent_core.run.phases import _episode_metrics
+from agent_core.run.score import _episode_metrics
 
 
 def _step(trajectory: str, index: int, role: str | None, reward: float, done: bool) -> Step:

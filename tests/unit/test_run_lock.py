@@ -44,14 +44,14 @@ def test_the_same_process_cannot_take_a_run_twice(tmp_path: Path) -> None:
 
 def test_prepare_run_refuses_before_touching_the_run(tmp_path: Path) -> None:
     from agent_core.config.load import load_config
-    from agent_core.run import phases
+    from agent_core.run.prepare import prepare_run
 
     config = load_config("smoke", [f"run.output_dir={tmp_path}"])
     run_dir = tmp_path / "smoke"
     holder = hold_run_lock(run_dir)
     try:
         with pytest.raises(RunLockedError):
-            phases.prepare_run(config, {})
+            prepare_run(config, {})
     finally:
         holder.kill()
         holder.wait()
@@ -63,7 +63,9 @@ def test_a_run_that_fails_to_open_or_finish_unlocks(
 ) -> None:
     from agent_core import tracking
     from agent_core.config.load import load_config
-    from agent_core.run import phases
+    from agent_core.core.results import RunHandle
+    from agent_core.run import prepare
+    from agent_core.run.prepare import finish_run, prepare_run
 
     config = load_config("smoke", [f"run.output_dir={tmp_path}"])
     run_dir = tmp_path / "smoke"
@@ -71,15 +73,15 @@ def test_a_run_that_fails_to_open_or_finish_unlocks(
     def broken(*args, **kwargs):
         raise OSError("MLflow is down")
 
-    monkeypatch.setattr(phases, "_open_run", broken)
+    monkeypatch.setattr(prepare, "_open_run", broken)
     with pytest.raises(OSError, match="MLflow is down"):
-        phases.prepare_run(config, {})
+        prepare_run(config, {})
     run_lock.acquire(run_dir, "smoke")  # prepare_run let go of it
     monkeypatch.setattr(tracking, "end_run", broken)
-    handle = phases.RunHandle(
+    handle = RunHandle(
         run_dir=str(run_dir), mlflow_run_id="x", base_model="", start_iteration=1, iterations=1
     )
     with pytest.raises(OSError, match="MLflow is down"):
-        phases.finish_run(config, handle, "FAILED")
+        finish_run(config, handle, "FAILED")
     run_lock.acquire(run_dir, "smoke")  # finish_run let go of it too
     run_lock.release(run_dir)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.config.load import load_config
 from agent_core.rollout.shard import shard_count, shard_tasks
-from agent_core.run.phases import iteration_tasks
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 5])

@@ -19,14 +19,11 @@ from agent_core.algorithms.diagnostics import (
     update_warnings,
 )
 from agent_core.core.records import Step
+from agent_core.core.results import ScoreResult
 from agent_core.replay.store import iteration_dir
-from agent_core.run.phases import (
-    ScoreResult,
-    _reward_after_update,
-    _reward_falling,
-    _update_diagnostics,
-)
 from agent_core.run.report import console_lines
+from agent_core.run.score import _reward_falling, _update_diagnostics
+from agent_core.run.update import _reward_after_update
 from agent_core.trainer.batching import TrainRow
 from configs.run_config import RunConfig
 

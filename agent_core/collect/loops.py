@@ -1,0 +1,50 @@
+"""The episode loop a config asks for: the env loop over the rollout engine (the configured env,
+context and sampling), or the user's agent function behind the policy server when `env.agent` is
+set.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from agent_core import live as runtime
+from agent_core.envs import env_class, make_env
+from agent_core.prompting.renderer import AgentFlow
+from agent_core.rollout.engine import SamplingParams
+from agent_core.rollout.loop import AgentEnvLoop
+from agent_core.serving.agent_loop import AgentFunctionLoop, agent_function_loop
+from configs.run_config import RunConfig
+
+
+def make_loop(
+    cfg: RunConfig,
+    engine: runtime.Engine | None,
+    seed: int,
+    temperature: float | None = None,
+    tokenizer=None,
+) -> AgentEnvLoop | AgentFunctionLoop:
+    """An episode loop over `engine` for the configured env, context and sampling (with no
+    engine, only solver demonstrations can run; give the `tokenizer` then), or over the
+    user's agent function when `env.agent` is set."""
+    env = cfg.env
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        top_p=cfg.rollout.top_p,
+        stop_strings=env_class(env.name).stop_strings,
+        seed=seed,
+    )
+    factory = partial(
+        make_env,
+        env.name,
+        env.max_steps,
+        env.few_shot,
+        env.kwargs,
+        env.context,
+        env.tools,
+        env.tool_options.model_dump(),
+    )
+    if env.agent is not None and engine is not None:
+        return agent_function_loop(cfg, engine, factory, sampling)
+    flow = AgentFlow(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
+    return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)

@@ -1,0 +1,75 @@
+"""One rollout shard of an iteration end to end: its tasks (`rollout.shard`), the engine at policy
+`iteration - 1`, the episodes, and its staged Arrow file and record; a shard already staged is
+not run again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from agent_core import live as runtime
+from agent_core.collect.iteration_tasks import iteration_tasks
+from agent_core.collect.loops import make_loop
+from agent_core.core.faults import crash_point
+from agent_core.core.results import RunHandle, ShardResult
+from agent_core.core.run_folder import policy_weights
+from agent_core.replay.schema import steps_to_table
+from agent_core.replay.store import (
+    iteration_dir,
+    partition_info,
+    write_ipc,
+)
+from agent_core.rollout.loop import RolloutMeta
+from agent_core.rollout.shard import shard_count, shard_tasks
+from configs.run_config import RunConfig
+
+
+def already_done(run: RunHandle, iteration: int, staged: Path, record: Path) -> bool:
+    """A phase's output is complete: its staging file and record exist, or the iteration's
+    partition is already committed (staging files are gone then; the record stays)."""
+    if not record.is_file():
+        return False
+    return staged.is_file() or partition_info(run.run_dir, iteration) is not None
+
+
+def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
+    """The shard's episodes with policy `iteration - 1` (deterministic for a seed): steps and
+    rollout statistics. No files are written."""
+    tasks = shard_tasks(iteration_tasks(cfg, iteration), shard, shard_count(cfg))
+    version = iteration - 1
+    engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
+    loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
+    meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
+    return loop.run(tasks, cfg.rollout.group_size, meta)
+
+
+def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
+    """Run this shard's share of the iteration's episodes with policy `iteration - 1` and stage
+    their steps as Arrow IPC."""
+    start = time.perf_counter()
+    folder = iteration_dir(run.run_dir, iteration) / "rollouts"
+    out, meta_file = folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
+    if already_done(run, iteration, out, meta_file):
+        return ShardResult.model_validate_json(meta_file.read_text())
+    steps, stats = run_shard(cfg, run, iteration, shard)
+    crash_point("collect", iteration)
+    write_ipc(steps_to_table(steps), out)
+    result = ShardResult(
+        iteration=iteration,
+        shard=shard,
+        path=str(out),
+        episodes=stats.episodes,
+        steps=stats.steps,
+        generate_calls=stats.generate_calls,
+        generated_tokens=stats.generated_tokens,
+        prompt_tokens=stats.prompt_tokens,
+        generate_seconds=stats.generate_seconds,
+        seconds=time.perf_counter() - start,
+        pid=os.getpid(),
+        episode_ends=stats.episode_ends,
+        lost_episodes=stats.lost_episodes,
+    )
+    meta_file.write_text(result.model_dump_json())
+    return result

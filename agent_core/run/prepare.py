@@ -1,0 +1,158 @@
+"""Opening and closing a run: lock the folder, make the model folder exist, reopen or create the
+run folder and its MLflow run, find the first unfinished iteration and repair what a crash left
+in it; at the end, release the folder and its live objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from agent_core import live as runtime
+from agent_core.config.load import changed_settings, dump_config, flatten
+from agent_core.core.results import RunHandle
+from agent_core.core.run_folder import (
+    CHECKPOINTS,
+    LATEST,
+    checkpoint_dir,
+    is_logged,
+    repairs,
+    run_dir_of,
+    warmup_dir,
+)
+from agent_core.models import ensure_model_folder
+from agent_core.replay.store import (
+    CorruptPartitionError,
+    atomic_write_bytes,
+    iteration_dir,
+    partition_info,
+    read_ipc,
+    remove_staged,
+    verify_partition,
+)
+from agent_core.run import lock as run_lock
+from agent_core.trainer.policy_trainer import saved_layout
+from configs.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
+    """Check what an unfinished iteration left on disk; remove every corrupt file and what was
+    derived from it, so the phases redo that work instead of reading it. Returns one message
+    per corrupt file, naming it."""
+    folder = iteration_dir(run_dir, iteration)
+    problems: list[str] = []
+    try:
+        if partition_info(run_dir, iteration) is not None:
+            verify_partition(run_dir, iteration)
+    except CorruptPartitionError as exc:
+        problems.append(str(exc))
+        repairs(run_dir, bump=True)  # before deleting: a crash in between still misses the cache
+        # the committed data is unusable and its staging is gone: redo the whole iteration
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(checkpoint_dir(run_dir, iteration), ignore_errors=True)
+        return problems
+    for staged in sorted(folder.glob("rollouts/*.arrow")) + sorted(folder.glob("scored.arrow")):
+        if not staged.exists():
+            continue  # removed above as derived from a corrupt shard
+        try:
+            read_ipc(staged)
+        except CorruptPartitionError as exc:
+            problems.append(str(exc))
+            repairs(run_dir, bump=True)
+            for derived in [staged, staged.with_suffix(".json"), folder / "scored.arrow",
+                            folder / "scored.json"]:  # fmt: skip
+                remove_staged(derived)
+    return problems
+
+
+def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
+    """Lock the run folder (while this run lives, another run of the same name is refused;
+    finish_run unlocks), make the model folder exist, create or reopen the run folder and its
+    MLflow run, and find the first iteration not yet complete."""
+    run_dir = run_dir_of(cfg)
+    run_lock.acquire(run_dir, cfg.run.name)
+    try:
+        return _open_run(cfg, run_dir, tags)
+    except BaseException:
+        run_lock.release(run_dir)
+        raise
+
+
+def refuse_other_layout(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse a rerun at its start when the checkpoint it goes on from holds DeepSpeed state
+    written by other `trainer.ranks` or `trainer.zero_stage`: the optimizer state is
+    partitioned by both, and loading it would fail only at the next update, after that
+    iteration's rollouts were collected."""
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if pointer.is_file():
+        resumed = run_dir / CHECKPOINTS / pointer.read_text().strip()
+    elif cfg.warmup.enabled:
+        resumed = warmup_dir(run_dir)
+    else:
+        return
+    t = cfg.trainer
+    layout = saved_layout(resumed, t.zero_stage)
+    if layout is None or layout == (t.ranks, t.zero_stage):
+        return
+    asked = [
+        f"trainer.{name}={new} (recorded: {old})"
+        for name, old, new in (
+            ("ranks", layout[0], t.ranks),
+            ("zero_stage", layout[1], t.zero_stage),
+        )
+        if old != new
+    ]
+    raise ValueError(
+        f"run folder {run_dir} goes on from {resumed.name}, whose DeepSpeed optimizer state "
+        f"was written by trainer.ranks={layout[0]} at trainer.zero_stage={layout[1]}, but "
+        f"this run asks for {' and '.join(asked)}: rerun with trainer.ranks={layout[0]} "
+        f"trainer.zero_stage={layout[1]}, or start a new run.name"
+    )
+
+
+def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
+    from agent_core import tracking
+
+    model = cfg.model
+    base = ensure_model_folder(model.path, model.source, model.tiny_hidden_size, model.tiny_layers)
+    refuse_other_layout(cfg, run_dir)
+    changed = changed_settings(run_dir / "config.yaml", cfg)
+    if changed:
+        log.warning(
+            "run folder %s was started with other settings (%s); it goes on with the new ones "
+            "(a new run.name starts afresh)",
+            run_dir,
+            "; ".join(changed),
+        )
+    atomic_write_bytes(run_dir / "config.yaml", dump_config(cfg).encode())
+    run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, cfg.run.name, flatten(cfg), tags)
+    start = 1
+    while is_logged(run_dir, start):
+        start += 1
+    for problem in repair_iteration(run_dir, start):
+        log.warning("redoing work of iteration %d: %s", start, problem)
+    target = start - 1 + cfg.run.continue_for if cfg.run.continue_for else cfg.run.iterations
+    first_weights = warmup_dir(run_dir) if cfg.warmup.enabled else base
+    return RunHandle(
+        run_dir=str(run_dir),
+        mlflow_run_id=run_id,
+        base_model=str(base.resolve()),
+        start_weights=str(Path(first_weights).resolve()),
+        start_iteration=start,
+        iterations=target,
+        repairs=repairs(run_dir),
+    )
+
+
+def finish_run(cfg: RunConfig, run: RunHandle, status: str = "FINISHED") -> None:
+    """End the MLflow run, free the run's live engine and trainer, unlock the run folder."""
+    from agent_core import tracking
+
+    try:
+        tracking.end_run(cfg.tracking, run.mlflow_run_id, status)
+    finally:
+        runtime.release(Path(run.run_dir))
+        run_lock.release(Path(run.run_dir))

@@ -1,0 +1,209 @@
+"""The score phase: reward terms, the value head and reference KL when the config uses them, the
+advantage estimator, the iteration's reward, episode and update diagnostics, and its warnings;
+the scored steps are staged for the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from agent_core import live as runtime
+from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
+from agent_core.algorithms.diagnostics import (
+    advantage_diagnostics,
+    falling_streak,
+    update_warnings,
+)
+from agent_core.algorithms.returns import StepArrays
+from agent_core.collect.iteration_tasks import iteration_tasks
+from agent_core.collect.shard import already_done
+from agent_core.core.faults import crash_point
+from agent_core.core.records import Step
+from agent_core.core.registry import resolve
+from agent_core.core.results import RunHandle, ScoreResult, ShardResult
+from agent_core.core.run_folder import policy_weights
+from agent_core.replay.schema import steps_to_table, table_to_steps
+from agent_core.replay.store import (
+    iteration_dir,
+    read_ipc,
+    write_ipc,
+)
+from agent_core.rewards.judge_engines import judge_engines
+from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
+from agent_core.run.update import skips_zero_advantage
+from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
+from agent_core.trainer.batching import TrainRow
+from configs.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def _critic_columns(
+    cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]
+) -> tuple[list[float] | None, list[float] | None]:
+    """Per-step values from the value head and per-step KL to the reference, when the config
+    uses them (both come from the trainer holding policy `iteration - 1`)."""
+    if not (cfg.trainer.value_head or cfg.algorithm.kl_coef > 0):
+        return None, None
+    version = iteration - 1
+    trainer = runtime.policy_trainer(
+        cfg, Path(run.run_dir), version, policy_weights(run, version), policy_weights(run, 0)
+    )
+    rows = [TrainRow(s.prompt_ids, s.response_ids, s.response_logprobs, 0.0) for s in steps]
+    values = trainer.step_values(rows) if cfg.trainer.value_head else None
+    kl = trainer.reference_kl(rows) if cfg.algorithm.kl_coef > 0 else None
+    return values, kl
+
+
+def _estimate(
+    cfg: RunConfig, steps: list[Step], values: list[float] | None, kl: list[float] | None
+) -> dict[str, float]:
+    """Fill `return_`, `advantage` (and `value`) of every step; return diagnostics."""
+    arrays = StepArrays.from_columns(
+        [s.group_id for s in steps],
+        [s.trajectory_id for s in steps],
+        [s.step_index for s in steps],
+        [s.reward for s in steps],
+        value=values,
+        anchor=[s.anchor_key for s in steps],
+        done=[s.done for s in steps],
+        truncated=[s.truncated for s in steps],
+        kl=kl,
+    )
+    algo = cfg.algorithm
+    options = AdvantageOptions(
+        gamma=algo.gamma,
+        norm_by_std=algo.norm_by_std,
+        batch_std=algo.batch_std,
+        epsilon=algo.epsilon,
+        lam=algo.lam,
+        kl_coef=algo.kl_coef,
+        whiten_advantages=algo.whiten_advantages,
+        step_advantage_weight=algo.step_advantage_weight,
+        gigpo_episode_return=algo.gigpo_episode_return,
+    )
+    result = resolve("estimator", algo.estimator, ESTIMATORS)(arrays, options)
+    for i, (step, ret, adv) in enumerate(
+        zip(steps, result.returns, result.advantages, strict=True)
+    ):
+        step.return_, step.advantage = float(ret), float(adv)
+        step.value = values[i] if values is not None else None
+    adv = np.asarray(result.advantages)
+    metrics = {
+        "advantage/mean": float(adv.mean()) if adv.size else 0.0,
+        "advantage/abs_mean": float(np.abs(adv).mean()) if adv.size else 0.0,
+        "advantage/zero_share": float(np.mean(adv == 0.0)) if adv.size else 0.0,
+        "advantage/zero_variance_group_share": result.zero_variance_groups / max(1, result.groups),
+    }
+    if values is not None:
+        metrics["critic/value_mean"] = float(np.mean(values)) if values else 0.0
+    if kl is not None:
+        metrics["reward/kl_to_reference"] = float(np.mean(kl)) if kl else 0.0
+    return metrics
+
+
+def _episode_metrics(steps: list[Step]) -> dict[str, float]:
+    trajectories = list(group_trajectories(steps).values())
+    n = max(1, len(trajectories))
+    totals = [sum(s.reward for s in t) for t in trajectories]
+    return {
+        "reward/mean": float(np.mean(totals)) if totals else 0.0,
+        "reward/std": float(np.std(totals)) if totals else 0.0,
+        "success_rate": sum(t[-1].success for t in trajectories) / n,
+        "episode/steps_mean": len(steps) / n,
+        "episode/truncated_share": sum(t[-1].truncated for t in trajectories) / n,
+        "episode/tool_calls_ok_mean": sum(t[-1].info.get("tool_calls_ok", 0) for t in trajectories)
+        / n,
+        "episode/response_tokens_mean": float(np.mean([len(s.response_ids) for s in steps]))
+        if steps
+        else 0.0,
+    } | role_metrics(trajectories)
+
+
+def _update_diagnostics(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
+    """How the coming update leans (`advantage_diagnostics`), over the rows it will train on."""
+    success = {tid: t[-1].success for tid, t in group_trajectories(steps).items()}
+    skip_zero = skips_zero_advantage(cfg)
+    trained = [s for s in steps if s.response_ids and not (skip_zero and s.advantage == 0.0)]
+    return advantage_diagnostics(
+        np.array([s.advantage for s in trained]),
+        np.array([len(s.response_ids) for s in trained]),
+        np.array([s.trajectory_id for s in trained]),
+        np.array([not success[s.trajectory_id] for s in trained], dtype=bool),
+        cfg.trainer.loss_agg_mode,
+    )
+
+
+def _reward_falling(run_dir: Path, iteration: int, reward: float, limit: int) -> int:
+    """How many iterations in a row reward/mean fell up to `iteration` (at most `limit`),
+    from the earlier iterations' score records."""
+    history = [reward]
+    for k in range(iteration - 1, max(0, iteration - limit - 1), -1):
+        record = iteration_dir(run_dir, k) / "scored.json"
+        if not record.is_file():
+            break
+        earlier = ScoreResult.model_validate_json(record.read_text()).metrics
+        history.insert(0, earlier["reward/mean"])
+    return falling_streak(history)
+
+
+def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[str, float]:
+    """Log the iteration's warnings (`update_warnings`); returns the metrics they add."""
+    t = cfg.tracking
+    falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], t.warn_reward_falling)
+    added = {"warning/reward_falling_iterations": float(falling)}
+    warnings = update_warnings(
+        metrics | added, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode
+    )
+    for warning in warnings:
+        log.warning("iteration %d: %s", iteration, warning)
+    return added | {"warning/count": float(len(warnings))}
+
+
+def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
+    """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
+    tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
+    version = iteration - 1  # the policy that played the episodes judges them as 'policy'
+    engines = judge_engines(
+        cfg,
+        lambda: runtime.rollout_engine(
+            cfg, Path(run.run_dir), version, policy_weights(run, version)
+        ),
+    )
+    seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
+    metrics = score_steps(
+        steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
+    )
+    metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
+    return metrics | _episode_metrics(steps) | _update_diagnostics(cfg, steps)
+
+
+def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
+    """Apply reward functions and the advantage estimator to the staged steps."""
+    start = time.perf_counter()
+    folder = iteration_dir(run.run_dir, iteration)
+    out, meta_file = folder / "scored.arrow", folder / "scored.json"
+    if already_done(run, iteration, out, meta_file):
+        return ScoreResult.model_validate_json(meta_file.read_text())
+    ends = [(s.episodes, s.episode_ends, s.lost_episodes) for s in shards]
+    check_failed_share(ends, cfg.env.agent_max_failed_share, iteration)  # before any training
+    steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
+    metrics = score_in_place(cfg, run, iteration, steps) | episode_metrics(ends)
+    metrics |= _warn(cfg, Path(run.run_dir), iteration, metrics)
+    crash_point("score", iteration)
+    write_ipc(steps_to_table(steps), out)
+    result = ScoreResult(
+        iteration=iteration,
+        path=str(out),
+        steps=len(steps),
+        trajectories=len({s.trajectory_id for s in steps}),
+        metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
+    meta_file.write_text(result.model_dump_json())
+    return result

@@ -1,0 +1,117 @@
+"""The update phase: policy `iteration - 1` trained on the iteration's committed rows, checkpoint
+`iteration` saved, the `latest` pointer moved and old checkpoints pruned.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from agent_core import live as runtime
+from agent_core.algorithms.diagnostics import (
+    reward_after_update_estimate,
+)
+from agent_core.core.faults import crash_point
+from agent_core.core.results import PartitionResult, RunHandle, UpdateResult
+from agent_core.core.run_folder import (
+    checkpoint_dir,
+    policy_weights,
+    prune_checkpoints,
+    write_latest,
+)
+from agent_core.replay.store import (
+    iteration_dir,
+    read_partition,
+)
+from agent_core.trainer.batching import TrainRow
+from agent_core.trainer.policy_trainer import metrics_dict
+from configs.run_config import RunConfig
+
+
+def skips_zero_advantage(cfg: RunConfig) -> bool:
+    """Whether the update leaves out rows of exactly zero advantage: they carry no policy
+    gradient, and nothing else (value, KL, entropy) needs them."""
+    t = cfg.trainer
+    others_need_all = t.value_head or t.kl_loss_coef > 0 or t.entropy_coef > 0
+    return t.skip_zero_advantage and not others_need_all
+
+
+def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
+    """Step rows as trainer inputs. Rows with an exactly-zero advantage carry no policy
+    gradient and are left out when nothing else (value, KL, entropy) needs them."""
+    skip_zero = skips_zero_advantage(cfg)
+    names = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
+             "trajectory_id", "step_index"]  # fmt: skip
+    cols = table.select(names).to_pydict()
+    rows = []
+    for p, r, lp, adv, ret, value, traj, k in zip(*(cols[n] for n in names), strict=True):
+        if r and not (skip_zero and adv == 0.0):
+            rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k))
+    return rows
+
+
+def _reward_after_update(
+    table: pa.Table, rows: list[TrainRow], log_ratios: list[float]
+) -> dict[str, float]:
+    """The trained trajectories' sampled mean reward and the importance estimate of the updated
+    policy's (`reward_after_update_estimate`), from each row's log-prob ratio new/old."""
+    cols = table.select(["trajectory_id", "reward"]).to_pydict()
+    reward: dict[str, float] = {}
+    for tid, r in zip(cols["trajectory_id"], cols["reward"], strict=True):
+        reward[tid] = reward.get(tid, 0.0) + float(r)
+    ratio: dict[str, float] = {}
+    for row, lr in zip(rows, log_ratios, strict=True):
+        ratio[row.trajectory_id] = ratio.get(row.trajectory_id, 0.0) + lr
+    before = np.array([reward[tid] for tid in ratio])
+    after, ess = reward_after_update_estimate(np.array(list(ratio.values())), before)
+    return {
+        "reward_before_update": float(before.mean()) if before.size else 0.0,
+        "reward_after_update_estimate": after,
+        "reward_estimate_ess_share": ess,
+    }
+
+
+def update(
+    cfg: RunConfig, run: RunHandle, iteration: int, partition: PartitionResult
+) -> UpdateResult:
+    """Train policy `iteration - 1` on the iteration's steps, save checkpoint `iteration`."""
+    start = time.perf_counter()
+    run_dir = Path(run.run_dir)
+    ckpt = checkpoint_dir(run_dir, iteration)
+    record = iteration_dir(run_dir, iteration) / "update.json"
+    if ckpt.is_dir() and record.is_file():
+        return UpdateResult.model_validate_json(record.read_text())
+    version = iteration - 1
+    trainer = runtime.policy_trainer(
+        cfg, run_dir, version, policy_weights(run, version), policy_weights(run, 0)
+    )
+    table = read_partition(run_dir, iteration)
+    rows = train_rows(table, cfg)
+    metrics = metrics_dict(trainer.update(rows, iteration))
+    if cfg.trainer.estimate_reward_after_update:
+        metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
+    crash_point("update", iteration)
+    saving = time.perf_counter()
+    trainer.save(
+        ckpt,
+        {"iteration": iteration, "policy_version": iteration, "metrics": metrics},
+        on_half_written=lambda: crash_point("checkpoint", iteration),
+    )
+    metrics["checkpoint_seconds"] = time.perf_counter() - saving
+    result = UpdateResult(
+        iteration=iteration,
+        policy_version=iteration,
+        checkpoint=str(ckpt),
+        metrics=metrics,
+        seconds=time.perf_counter() - start,
+    )
+    # record first, prune last: a crash in between retrains from a checkpoint that still exists
+    record.write_text(result.model_dump_json())
+    write_latest(run_dir, iteration)
+    runtime.mark_trained(run_dir, iteration)
+    prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
+    runtime.return_free_memory()
+    return result
