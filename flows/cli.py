@@ -205,8 +205,8 @@ def serve_policy(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Serve a checkpoint behind an OpenAI-compatible API (/v1/chat/completions, ...)."""
-    from agent_core.serving.policy_server import serve_policy as serve_checkpoint
-    from agent_core.serving.policy_server import serving_config
+    from agent_core.config.recorded import serving_config
+    from agent_core.run.serve_policy import serve_policy as serve_checkpoint
     from agent_core.serving.service import ServerSettings
 
     try:

@@ -12,7 +12,7 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 
-from agent_core.replay.store import atomic_write_bytes
+from agent_core.core.files import atomic_write_bytes
 
 RECORD_FILE = "prefect_flow_run_id"
 

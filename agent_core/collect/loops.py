@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from agent_core import live as runtime
 from agent_core.envs import env_class, make_env
 from agent_core.prompting.renderer import AgentFlow
+from agent_core.rollout import build
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop
 from agent_core.serving.agent_loop import AgentFunctionLoop, agent_function_loop
@@ -18,7 +18,7 @@ from configs.run_config import RunConfig
 
 def make_loop(
     cfg: RunConfig,
-    engine: runtime.Engine | None,
+    engine: build.Engine | None,
     seed: int,
     temperature: float | None = None,
     tokenizer=None,

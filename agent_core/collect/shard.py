@@ -9,18 +9,14 @@ import os
 import time
 from pathlib import Path
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.faults import crash_point
 from agent_core.core.results import RunHandle, ShardResult
-from agent_core.core.run_folder import policy_weights
+from agent_core.core.run_folder import iteration_dir, policy_weights
 from agent_core.replay.schema import steps_to_table
-from agent_core.replay.store import (
-    iteration_dir,
-    partition_info,
-    write_ipc,
-)
+from agent_core.replay.store import partition_info, write_ipc
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.rollout.shard import shard_count, shard_tasks
 from configs.run_config import RunConfig
@@ -39,7 +35,7 @@ def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
     rollout statistics. No files are written."""
     tasks = shard_tasks(iteration_tasks(cfg, iteration), shard, shard_count(cfg))
     version = iteration - 1
-    engine = runtime.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
+    engine = live.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
     loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
     meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
     return loop.run(tasks, cfg.rollout.group_size, meta)

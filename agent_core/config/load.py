@@ -1,6 +1,5 @@
 """Loading a `RunConfig`: YAML preset or file + `key=value` overrides, validated before any
-heavy work. Errors name the field and say how to fix it.
-"""
+heavy work. Errors name the field and say how to fix it."""
 
 from __future__ import annotations
 
@@ -27,11 +26,18 @@ __all__ = [
     "load_config",
 ]
 
+
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
 SHIPPED_DATA = PRESETS_DIR / "data"
+
+
 # Set by `steprl serve` in the process that executes deployment runs (its children inherit
 # it); a run's parameters cannot reach it, and without it a deployment run gets no extras.
 DEPLOYMENT_LIMITS_ENV = "STEPRL_DEPLOYMENT_LIMITS"
+
+
 HOW_TO_ALLOW_MODULE = (
     "a deployment run (Prefect UI, API, schedule) resolves steprl's own names and the modules "
     "`steprl serve` was started with: restart it with `--allow-module {module}` to allow it"
@@ -372,6 +378,8 @@ def _check_task_file(config: RunConfig) -> None:
 # What one episode costs in memory before any token (env, task, messages, step records), and
 # what one token of a step costs (prompt and response ids, log-probs, masks; int32/float32).
 EPISODE_BYTES = 16 * 1024
+
+
 TOKEN_BYTES = 8
 
 
@@ -498,46 +506,3 @@ def _builtin_estimators() -> set[str]:
     from agent_core.algorithms.advantages import ESTIMATORS
 
     return set(ESTIMATORS)
-
-
-def dump_config(config: RunConfig) -> str:
-    """The config as YAML (what a run records next to its data)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def flatten(config: RunConfig | dict[str, Any]) -> dict[str, str]:
-    """Dotted-key view of the config or of its dump (MLflow params)."""
-    out: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, sub in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, sub)
-        else:
-            out[prefix] = str(value)
-
-    walk("", config if isinstance(config, dict) else config.model_dump(mode="json"))
-    return out
-
-
-RESUMABLE = ("run.iterations", "run.continue_for")  # settings a rerun changes to go on
-
-
-def changed_settings(recorded: Path, config: RunConfig) -> list[str]:
-    """`key: old -> new` for each setting that differs from a run folder's recorded config
-    (`dump_config`'s file), apart from how many iterations to run; none for a new run
-    folder, and one line saying so when the recorded file cannot be read (it is written
-    atomically, but may have been edited by hand)."""
-    if not recorded.is_file():
-        return []
-    try:
-        loaded = yaml.safe_load(recorded.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
-        return [f"{recorded.name}: unreadable, so unknown ({type(exc).__name__})"]
-    old = flatten(loaded if isinstance(loaded, dict) else {})
-    new = flatten(config)
-    return [
-        f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
-        for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE and old.get(key) != new.get(key)
-    ]

@@ -8,11 +8,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from agent_core.core.files import atomic_write_bytes
 from agent_core.core.results import RunHandle
-from agent_core.replay.store import (
-    atomic_write_bytes,
-    iteration_dir,
-)
 from configs.run_config import RunConfig
 
 CHECKPOINTS = "checkpoints"
@@ -30,6 +27,11 @@ REPAIRS = "repairs"
 def run_dir_of(cfg: RunConfig) -> Path:
     """The folder of this run: `<output_dir>/<name>`."""
     return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
+    """The folder of iteration `iteration` (1-based) under `run_dir`."""
+    return Path(run_dir) / f"iter_{iteration:04d}"
 
 
 def checkpoint_dir(run_dir: Path, iteration: int) -> Path:

@@ -3,8 +3,7 @@
 Layout under a run folder: `iter_<k>/steps.parquet` then `iter_<k>/manifest.json`, each written
 to a temp file and renamed; the manifest (row count, byte size, sha256) is written last and is
 the only mark of a complete partition. Staging files between tasks are Arrow IPC, each with its
-sha256 in `<name>.sha256`.
-"""
+sha256 in `<name>.sha256`."""
 
 from __future__ import annotations
 
@@ -26,13 +25,23 @@ import pyarrow.parquet as pq
 from polars.exceptions import PanicException
 
 from agent_core.core.faults import crash_point
+from agent_core.core.files import atomic_write_bytes
+from agent_core.core.run_folder import iteration_dir
 from agent_core.replay.invariants import check_partition
 from agent_core.replay.schema import SCHEMA_VERSION, STEP_SCHEMA, check_schema
 
 STEPS_FILE = "steps.parquet"
+
+
 MANIFEST_FILE = "manifest.json"
+
+
 CHECKSUM_SUFFIX = ".sha256"
+
+
 _ITERATION_FOLDER = re.compile(r"iter_(\d{4,})")
+
+
 REDO = "delete the iteration folder to redo it"
 
 
@@ -57,12 +66,9 @@ class PartitionInfo:
 # coarsely (milliseconds, up to seconds on some file systems), so a file changed within
 # _RACY_NS of its check could keep every field of the key: such a file is never remembered.
 _VERIFIED: set[tuple[str, int, int, int, int, str]] = set()
+
+
 _RACY_NS = 2_000_000_000
-
-
-def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
-    """The folder of iteration `iteration` (1-based) under `run_dir`."""
-    return Path(run_dir) / f"iter_{iteration:04d}"
 
 
 def _sha256(path: Path) -> str:
@@ -85,17 +91,6 @@ def reading(path: Path) -> Iterator[None]:
         raise CorruptPartitionError(
             f"{path} is not a readable step file ({type(exc).__name__}: {str(exc)[:200]})"
         ) from exc
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file, fsync and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _checksum_file(path: Path) -> Path:

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_core.live import wants_cuda
 from agent_core.rewards.judge import JudgeEngine
+from agent_core.rollout.build import wants_cuda
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JUDGE_POLICY
 from configs.run_config import RunConfig

@@ -8,13 +8,8 @@ import time
 from pathlib import Path
 
 from agent_core.core.results import PartitionResult, RunHandle, ScoreResult
-from agent_core.replay.store import (
-    commit_partition,
-    iteration_dir,
-    partition_info,
-    read_ipc,
-    remove_staged,
-)
+from agent_core.core.run_folder import iteration_dir
+from agent_core.replay.store import commit_partition, partition_info, read_ipc, remove_staged
 from configs.run_config import RunConfig
 
 

@@ -21,7 +21,7 @@ from agent_core.rollout.loop import RolloutMeta
 from configs.run_config import RunConfig
 
 if TYPE_CHECKING:
-    from agent_core.live import Engine
+    from agent_core.rollout.build import Engine
 
 EVAL_SEED_OFFSET = 9_973  # sampling seed of evaluation, apart from training's
 
@@ -184,8 +184,7 @@ def evaluate_in_training(
     """Evaluate policy `version` of a training run (`run`: its RunHandle) and log eval/* at
     step `version` to it; with `before_warmup`, the base model as eval_base/* at step 0.
     Done once: a rerun returns the stored outcome."""
-    from agent_core import live as runtime
-    from agent_core import tracking
+    from agent_core import live, tracking
     from agent_core.core.run_folder import policy_weights
 
     run_dir = Path(run.run_dir)
@@ -195,7 +194,7 @@ def evaluate_in_training(
     if marker.is_file():
         return EvalOutcome.model_validate_json(marker.read_text())
     weights = Path(run.base_model) if before_warmup else policy_weights(run, version)
-    engine = runtime.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
+    engine = live.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
     outcome = evaluate_policy(cfg, engine, version, str(weights), out)
     if before_warmup:
         renamed = {k.replace("eval/", "eval_base/", 1): v for k, v in outcome.metrics.items()}
@@ -215,9 +214,9 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     """Evaluate any checkpoint ('base', 'latest', 'iter_k', a folder) in an MLflow run of its
     own, nested under the training run of `cfg.run.name` when that run exists."""
     from agent_core import tracking
-    from agent_core.config.load import flatten
+    from agent_core.core.config_record import flatten
     from agent_core.core.run_folder import run_dir_of
-    from agent_core.live import close_engine, new_engine
+    from agent_core.rollout.build import close_engine, new_engine
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.collect.shard import collect_shard
 from agent_core.core.results import RunHandle, ShardResult
 from agent_core.core.run_folder import policy_weights
+from agent_core.run import trainers
 from configs.run_config import RunConfig
 
 _POOLS: dict[str, object] = {}
@@ -54,7 +55,7 @@ def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
     read the weights once put into Ray's object store."""
     if cfg.rollout.workers == 0 and cfg.rollout.engine != "hf":  # the server loads the folder
         weights = policy_weights(run, iteration)
-        seconds = runtime.sync_server_engine(cfg, Path(run.run_dir), iteration, weights)
+        seconds = live.sync_server_engine(cfg, Path(run.run_dir), iteration, weights)
         return SyncResult(iteration=iteration, policy_version=iteration, mode="server",
                           workers=0, seconds=seconds)  # fmt: skip
     if cfg.rollout.workers == 0:
@@ -65,7 +66,7 @@ def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
     state = None
     mode = cfg.ray.weight_sync
     if mode == "object_store":
-        state = runtime.trained_weights_ref(Path(run.run_dir), iteration)
+        state = trainers.trained_weights_ref(Path(run.run_dir), iteration)
         if state is None:  # no live trainer here (a resumed run): the folder is the source
             mode = "checkpoint"
     pool = pool_for(cfg, run)

@@ -9,14 +9,16 @@ import logging
 import shutil
 from pathlib import Path
 
-from agent_core import live as runtime
-from agent_core.config.load import changed_settings, dump_config, flatten
+from agent_core import live
+from agent_core.core.config_record import changed_settings, dump_config, flatten
+from agent_core.core.files import atomic_write_bytes
 from agent_core.core.results import RunHandle
 from agent_core.core.run_folder import (
     CHECKPOINTS,
     LATEST,
     checkpoint_dir,
     is_logged,
+    iteration_dir,
     repairs,
     run_dir_of,
     warmup_dir,
@@ -24,8 +26,6 @@ from agent_core.core.run_folder import (
 from agent_core.models import ensure_model_folder
 from agent_core.replay.store import (
     CorruptPartitionError,
-    atomic_write_bytes,
-    iteration_dir,
     partition_info,
     read_ipc,
     remove_staged,
@@ -154,5 +154,5 @@ def finish_run(cfg: RunConfig, run: RunHandle, status: str = "FINISHED") -> None
     try:
         tracking.end_run(cfg.tracking, run.mlflow_run_id, status)
     finally:
-        runtime.release(Path(run.run_dir))
+        live.release(Path(run.run_dir))
         run_lock.release(Path(run.run_dir))

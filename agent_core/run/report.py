@@ -20,9 +20,9 @@ from agent_core.core.results import (
     ShardResult,
     UpdateResult,
 )
-from agent_core.core.run_folder import LOGGED_MARK
+from agent_core.core.run_folder import LOGGED_MARK, iteration_dir
 from agent_core.replay.schema import table_to_steps
-from agent_core.replay.store import iteration_dir, read_partition, verify_partition
+from agent_core.replay.store import read_partition, verify_partition
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.text.tool_calls import CallError, parse_tool_calls
 from configs.run_config import RunConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
@@ -26,15 +26,12 @@ from agent_core.core.faults import crash_point
 from agent_core.core.records import Step
 from agent_core.core.registry import resolve
 from agent_core.core.results import RunHandle, ScoreResult, ShardResult
-from agent_core.core.run_folder import policy_weights
+from agent_core.core.run_folder import iteration_dir, policy_weights
 from agent_core.replay.schema import steps_to_table, table_to_steps
-from agent_core.replay.store import (
-    iteration_dir,
-    read_ipc,
-    write_ipc,
-)
+from agent_core.replay.store import read_ipc, write_ipc
 from agent_core.rewards.judge_engines import judge_engines
 from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
+from agent_core.run import trainers
 from agent_core.run.update import skips_zero_advantage
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.trainer.batching import TrainRow
@@ -51,7 +48,7 @@ def _critic_columns(
     if not (cfg.trainer.value_head or cfg.algorithm.kl_coef > 0):
         return None, None
     version = iteration - 1
-    trainer = runtime.policy_trainer(
+    trainer = trainers.policy_trainer(
         cfg, Path(run.run_dir), version, policy_weights(run, version), policy_weights(run, 0)
     )
     rows = [TrainRow(s.prompt_ids, s.response_ids, s.response_logprobs, 0.0) for s in steps]
@@ -171,9 +168,7 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
     version = iteration - 1  # the policy that played the episodes judges them as 'policy'
     engines = judge_engines(
         cfg,
-        lambda: runtime.rollout_engine(
-            cfg, Path(run.run_dir), version, policy_weights(run, version)
-        ),
+        lambda: live.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version)),
     )
     seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
     metrics = score_steps(

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.algorithms.diagnostics import (
     reward_after_update_estimate,
 )
@@ -18,14 +18,13 @@ from agent_core.core.faults import crash_point
 from agent_core.core.results import PartitionResult, RunHandle, UpdateResult
 from agent_core.core.run_folder import (
     checkpoint_dir,
+    iteration_dir,
     policy_weights,
     prune_checkpoints,
     write_latest,
 )
-from agent_core.replay.store import (
-    iteration_dir,
-    read_partition,
-)
+from agent_core.replay.store import read_partition
+from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from configs.run_config import RunConfig
@@ -85,7 +84,7 @@ def update(
     if ckpt.is_dir() and record.is_file():
         return UpdateResult.model_validate_json(record.read_text())
     version = iteration - 1
-    trainer = runtime.policy_trainer(
+    trainer = trainers.policy_trainer(
         cfg, run_dir, version, policy_weights(run, version), policy_weights(run, 0)
     )
     table = read_partition(run_dir, iteration)
@@ -111,7 +110,7 @@ def update(
     # record first, prune last: a crash in between retrains from a checkpoint that still exists
     record.write_text(result.model_dump_json())
     write_latest(run_dir, iteration)
-    runtime.mark_trained(run_dir, iteration)
+    live.mark_trained(run_dir, iteration)
     prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
-    runtime.return_free_memory()
+    live.return_free_memory()
     return result

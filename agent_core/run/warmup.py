@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.results import RunHandle
@@ -23,6 +23,7 @@ from agent_core.envs import env_class
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.loop import RolloutMeta
+from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from agent_core.workers.trainer_group import TrainerGroup
@@ -104,8 +105,8 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     if ckpt.is_dir() and record.is_file():
         return WarmupResult.model_validate_json(record.read_text())
     start = time.perf_counter()
-    runtime.release(run_dir)  # nothing cached may hold weights older than the warm-up
-    trainer = runtime.build_trainer(cfg, Path(run.base_model), None)
+    live.release(run_dir)  # nothing cached may hold weights older than the warm-up
+    trainer = trainers.build_trainer(cfg, Path(run.base_model), None)
     if cfg.warmup.source == "solver":
         rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
     else:

@@ -23,7 +23,7 @@ from agent_core.serving.policy_server import ServerThread, build_app
 from agent_core.serving.service import PolicyService, ServerSettings
 
 if TYPE_CHECKING:
-    from agent_core.config.load import RunConfig
+    from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[Task, Any], Any]

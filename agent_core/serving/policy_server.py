@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_core.serving.batcher import EngineError
-from agent_core.serving.gate import RequestGate, is_loopback, openai_error, server_names
+from agent_core.serving.gate import RequestGate, openai_error, server_names
 from agent_core.serving.login_limit import FailedLoginLimit
 from agent_core.serving.responses import (
     ResponseIds,
@@ -32,7 +32,7 @@ from agent_core.serving.schema import (
     CompletionRequest,
     ReloadRequest,
 )
-from agent_core.serving.service import CallSink, PolicyService, ServerSettings
+from agent_core.serving.service import CallSink, PolicyService
 from agent_core.serving.streaming import (
     TextStream,
     TextStreams,
@@ -42,10 +42,12 @@ from agent_core.serving.streaming import (
 )
 
 if TYPE_CHECKING:
-    from agent_core.config.load import RunConfig
+    pass
+
 
 SinkLookup = Callable[[str], CallSink | None]
-DEFAULT_PRESET = "calculator_grpo"
+
+
 KEEP_ALIVE_S = 600  # how long an in-process server keeps an idle client's connection open
 
 
@@ -230,46 +232,3 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def serving_config(
-    preset: str | None, checkpoint: str, overrides: list[str], run_config: bool = True
-) -> tuple[RunConfig, str]:
-    """(the config to serve `checkpoint` with, where it came from). By default that is the
-    config its run recorded (`<run>/config.yaml`), so the policy sees prompts rendered as in
-    training (env.tool_prompt, rollout.max_prompt_tokens): the run folder holding a checkpoint
-    folder `<run>/checkpoints/iter_k`, else the run `preset` names. `preset` (default
-    calculator_grpo) alone serves a model folder of no run, or any with `run_config` off."""
-    from agent_core.config.load import load_config
-    from agent_core.core.run_folder import CHECKPOINTS, run_dir_of
-
-    folder = Path(checkpoint)
-    recorded = None
-    if folder.parent.name == CHECKPOINTS and (folder.parent.parent / "config.yaml").is_file():
-        recorded = folder.parent.parent / "config.yaml"
-    elif checkpoint in ("latest", "base") or checkpoint.isdigit() or checkpoint.startswith("iter_"):
-        run_dir = run_dir_of(load_config(preset or DEFAULT_PRESET, overrides))
-        recorded = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else None
-    if run_config and recorded is not None:
-        return load_config(recorded, overrides), str(recorded)
-    return load_config(preset or DEFAULT_PRESET, overrides), f"preset {preset or DEFAULT_PRESET}"
-
-
-def serve_policy(
-    cfg: RunConfig, checkpoint: str, host: str, port: int, settings: ServerSettings
-) -> None:
-    """Serve a checkpoint of `cfg`'s run ('base', 'latest', 'iter_0003', or a model folder)
-    with the run's rollout engine settings, until interrupted (blocking)."""
-    from agent_core.live import hf_engine
-    from agent_core.run.evaluate import resolve_checkpoint
-
-    folder, version, _ = resolve_checkpoint(cfg, checkpoint)
-    engine = hf_engine(cfg, folder)
-    engine.policy_version = version
-    service = PolicyService(engine, engine.tokenizer, settings)
-    if not settings.api_key and not is_loopback(host):
-        print(f"WARNING: the policy server listens on {host} without an API key: anyone who "
-              "can reach this machine can use it (--api-key-env NAME).", flush=True)  # fmt: skip
-    print(f"serving {folder} (policy version {version}, tools as {settings.tool_prompt!r}) "
-          f"at http://{host}:{port}/v1", flush=True)  # fmt: skip
-    uvicorn.run(build_app(service, bind_host=host), host=host, port=port, log_level="info")

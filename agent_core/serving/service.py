@@ -278,7 +278,7 @@ class PolicyService:
 
     async def reload(self, folder: Path, policy_version: int) -> float:
         """Load the HF checkpoint `folder` into the engine between batches; returns seconds."""
-        from agent_core.live import folder_state_dict
+        from agent_core.rollout.build import folder_state_dict
 
         if not folder.is_dir():
             raise ValueError(f"no checkpoint folder {folder} on the server's machine")

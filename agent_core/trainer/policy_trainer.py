@@ -498,6 +498,10 @@ class PolicyTrainer:
             ref, _ = self._per_step(module, rows, with_values=False)
         return [float(sum(r.old_logprobs) - sum(lp)) for r, lp in zip(rows, ref, strict=True)]
 
+    def stop(self) -> None:
+        """Nothing to stop: an in-process trainer holds no other process (a `TrainerGroup`'s
+        ranks do); its memory goes with its last reference."""
+
     def lm_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (gathered) LM weights, for the rollout engine and HF checkpoints. Under ZeRO-3
         every rank must call it (a collective gather); only rank 0 gets the weights."""

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent_core.core.files import atomic_write_bytes
 from agent_core.core.results import RunHandle, ShardResult
-from agent_core.replay.store import atomic_write_bytes
 from agent_core.workers.liveness import (
     HEALTH,
     CallTimeoutError,

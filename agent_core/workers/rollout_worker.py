@@ -45,12 +45,12 @@ class RolloutWorker:
     ) -> float:
         """Hold policy `version`: load `state` (weights from the object store) when given,
         else the HF checkpoint folder `weights`. Returns the seconds it took."""
-        from agent_core import live as runtime
+        from agent_core import live
         from agent_core.core.results import RunHandle
         from configs.run_config import RunConfig
 
         start = time.perf_counter()
         cfg = RunConfig.model_validate_json(cfg_json)
         run = RunHandle.model_validate_json(run_json)
-        runtime.engine_at(cfg, Path(run.run_dir), version, Path(weights), state)
+        live.engine_at(cfg, Path(run.run_dir), version, Path(weights), state)
         return time.perf_counter() - start

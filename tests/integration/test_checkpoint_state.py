@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from agent_core import live as runtime
 from agent_core.config.load import load_config
+from agent_core.run import trainers
 from tests.integration.test_lora import rows
 
 
@@ -20,7 +20,7 @@ def test_full_checkpoint_stores_weights_once_and_resumes_exactly(
         "smoke",
         [f"model.path={tiny_model_dir}", "trainer.learning_rate=1e-2", "trainer.value_head=true"],
     )
-    trainer = runtime.build_trainer(cfg, tiny_model_dir, None)
+    trainer = trainers.build_trainer(cfg, tiny_model_dir, None)
     trainer.update(rows(), iteration=1)
     folder = tmp_path / "ck"
     trainer.save(folder, {"iteration": 1})
@@ -30,7 +30,7 @@ def test_full_checkpoint_stores_weights_once_and_resumes_exactly(
     # only the output embedding, tied to the input one (DeepSpeed knows it by the input's name)
     assert [k for k in saved["module"] if k.endswith("weight")] == ["lm.lm_head.weight"]
     assert saved["optimizer"]["state"], "no optimizer state saved"
-    resumed = runtime.build_trainer(cfg, folder, None)
+    resumed = trainers.build_trainer(cfg, folder, None)
     mine, theirs = trainer.engine.module.state_dict(), resumed.engine.module.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     a, b = trainer.update(rows(), iteration=2), resumed.update(rows(), iteration=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.collect.shard import collect_shard
 from agent_core.config.load import load_config
 from agent_core.core.results import RunHandle
@@ -29,7 +29,7 @@ def test_redone_collect_replays_the_stochastic_env(tmp_path: Path, tiny_model_di
     # the process died before the shard's record was written: the rerun collects it again
     Path(first.path).unlink()
     Path(first.path).with_suffix(".json").unlink()
-    runtime.release(run_dir)
+    live.release(run_dir)
     again = read_ipc(Path(collect_shard(cfg, run, 1, 0).path))
     for column in COLUMNS:
         assert again.column(column).equals(before.column(column)), column

@@ -14,10 +14,10 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from agent_core import live as runtime
 from agent_core.config.load import load_config
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
+from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
 from flows.train import train
 
@@ -42,7 +42,7 @@ def config(model: Path, *extra: str):
 def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One LoRA update with a value head and a KL loss, saved as checkpoint `ck`."""
     cfg = config(tiny_model_dir, "trainer.value_head=true", "trainer.kl_loss_coef=0.1")
-    trainer = runtime.build_trainer(cfg, tiny_model_dir, tiny_model_dir)
+    trainer = trainers.build_trainer(cfg, tiny_model_dir, tiny_model_dir)
     module = trainer.engine.module
     before = {k: v.clone() for k, v in module.state_dict().items()}
     first = trainer.update(rows(), iteration=1)
@@ -112,7 +112,7 @@ def test_resume_from_the_adapter_checkpoint_is_exact(trained, tiny_model_dir) ->
     saved = torch.load(states, weights_only=False)
     weights = [k for k in saved["module"] if k.endswith("weight")]
     assert weights == ["lm.base_model.model.lm_head.weight"] and saved["optimizer"]["state"]
-    resumed = runtime.build_trainer(cfg, folder, tiny_model_dir)
+    resumed = trainers.build_trainer(cfg, folder, tiny_model_dir)
     mine, theirs = trainer.engine.module.state_dict(), resumed.engine.module.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     a, b = trainer.update(rows(), iteration=3), resumed.update(rows(), iteration=3)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agent_core import live as runtime
 from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
+from agent_core.rollout import build
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.engines.remote import RemoteEngineError, RemoteRolloutEngine, RemoteSettings
@@ -180,7 +180,7 @@ def test_the_episode_loop_runs_on_a_remote_engine(served, tiny_model_dir, monkey
             "rollout.remote.api_key_env=STEPRL_TEST_TOKEN",
         ],
     )
-    remote = runtime.new_engine(cfg, tiny_model_dir)
+    remote = build.new_engine(cfg, tiny_model_dir)
     assert isinstance(remote, RemoteRolloutEngine) and len(remote.sync_seconds) == 1
     loop = make_loop(cfg, remote, seed=1)
     tasks = iteration_tasks(cfg, 1)

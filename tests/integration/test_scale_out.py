@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent_core import live as runtime
 from agent_core.config.load import load_config
 from agent_core.core.faults import ENV_VAR, MODE_VAR, ONCE_VAR
 from agent_core.core.registry import plugin
 from agent_core.replay import read_partition
+from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
 from agent_core.workers.rollout_pool import RolloutPool
 from flows.train import train
@@ -243,7 +243,7 @@ def one_update(model: Path, out: Path, *overrides: str) -> dict[str, torch.Tenso
         [f"model.path={model}", "trainer.micro_batch_size=2", "trainer.mini_batch_size=8",
          "ray.num_cpus=4", *overrides],
     )  # fmt: skip
-    trainer = runtime.build_trainer(config, model, None)
+    trainer = trainers.build_trainer(config, model, None)
     try:
         trainer.update(fixed_rows(), iteration=1)
         trainer.save(out, {"iteration": 1})

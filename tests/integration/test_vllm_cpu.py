@@ -14,9 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from agent_core import live as runtime
+from agent_core import live
 from agent_core.config.load import load_config
 from agent_core.models import build_byte_tokenizer
+from agent_core.rollout import build
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.engines.remote import RemoteRolloutEngine
 from tests.integration.test_remote_engine import recomputed  # the trainer-side log-probs
@@ -68,7 +69,7 @@ def engine(model_dir: Path):
         ["rollout.engine=vllm", "rollout.dtype=float32", f"rollout.vllm.python={VLLM_PYTHON}",
          "rollout.vllm.kv_cache_gb=1", "rollout.vllm.max_model_len=2048"],
     )  # fmt: skip
-    engine = runtime.new_engine(cfg, model_dir)
+    engine = build.new_engine(cfg, model_dir)
     assert isinstance(engine, RemoteRolloutEngine)
     print(f"\nvLLM start-up: {engine.startup_seconds:.1f} s")
     yield engine
@@ -140,7 +141,7 @@ def test_a_start_that_times_out_says_so(model_dir) -> None:
          "rollout.vllm.startup_timeout_s=1"],
     )  # fmt: skip
     with pytest.raises(TimeoutError, match="startup_timeout_s") as info:
-        runtime.new_engine(cfg, model_dir)
+        build.new_engine(cfg, model_dir)
     log = Path(re.search(r"its log \((.+?)\)", str(info.value)).group(1))
     assert log.is_file()  # kept for the user, whom the error points at it
     log.unlink()
@@ -149,7 +150,7 @@ def test_a_start_that_times_out_says_so(model_dir) -> None:
 def test_run_end_stops_the_server(engine, tmp_path) -> None:
     url = engine.settings.base_url
     assert httpx.get(f"{url}/health").status_code == 200
-    runtime.runtime_for(tmp_path).engine = engine  # as a run's cached engine
-    runtime.release(tmp_path)  # what finish_run does
+    live.runtime_for(tmp_path).engine = engine  # as a run's cached engine
+    live.release(tmp_path)  # what finish_run does
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/health", timeout=5)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent_core.core.records import Step
+from agent_core.core.run_folder import iteration_dir
 from agent_core.replay import PartitionInvariantError, commit_partition, steps_to_table
 from agent_core.replay.invariants import check_partition
-from agent_core.replay.store import iteration_dir
 from tests.unit.test_replay import make_steps
 
 # make_steps(8): groups g0 (task0: t0, t1) and g1 (task1: t2, t3), two steps per trajectory

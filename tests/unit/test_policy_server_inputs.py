@@ -170,8 +170,9 @@ def test_concurrent_requests_beyond_the_limit_are_told_to_retry(tokenizer) -> No
 def test_serve_policy_reads_the_runs_recorded_config(tmp_path) -> None:
     """A checkpoint is served with its run's recorded tool prompt and prompt limit, not the
     preset's (a policy trained with 'compact' tools never saw 'hermes' ones)."""
-    from agent_core.config.load import dump_config, load_config
-    from agent_core.serving.policy_server import serving_config
+    from agent_core.config.load import load_config
+    from agent_core.config.recorded import serving_config
+    from agent_core.core.config_record import dump_config
 
     where = [f"run.output_dir={tmp_path}", "run.name=trained"]
     trained = load_config("smoke", [*where, "env.tool_prompt=compact",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent_core.core.run_folder import iteration_dir
 from agent_core.replay import commit_partition, steps_to_table
-from agent_core.replay.store import MANIFEST_FILE, STEPS_FILE, iteration_dir, write_ipc
+from agent_core.replay.store import MANIFEST_FILE, STEPS_FILE, write_ipc
 from agent_core.run.prepare import repair_iteration
 from tests.unit.test_replay import make_steps
 

@@ -17,6 +17,7 @@ import pytest
 from polars.exceptions import PanicException
 
 from agent_core.core.records import Step
+from agent_core.core.run_folder import iteration_dir
 from agent_core.replay import (
     STEP_SCHEMA,
     commit_partition,
@@ -32,7 +33,6 @@ from agent_core.replay.store import (
     MANIFEST_FILE,
     STEPS_FILE,
     CorruptPartitionError,
-    iteration_dir,
     read_ipc,
     read_step_file,
     reading,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config.load import changed_settings, dump_config, load_config
+from agent_core.config.load import load_config
+from agent_core.core.config_record import changed_settings, dump_config
 from flows.train import TrainSummary, where_to_look
 
 TINY = ["model.source=tiny-random"]

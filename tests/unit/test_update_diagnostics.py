@@ -20,7 +20,7 @@ from agent_core.algorithms.diagnostics import (
 )
 from agent_core.core.records import Step
 from agent_core.core.results import ScoreResult
-from agent_core.replay.store import iteration_dir
+from agent_core.core.run_folder import iteration_dir
 from agent_core.run.report import console_lines
 from agent_core.run.score import _reward_falling, _update_diagnostics
 from agent_core.run.update import _reward_after_update

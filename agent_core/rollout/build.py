@@ -1,0 +1,110 @@
+"""The rollout engine a config names (`rollout.engine`: hf, remote, vllm), built on a policy
+folder, and closed again; the weights of a checkpoint folder as a state dict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from agent_core.rollout.engines.hf import HFRolloutEngine
+from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
+from configs.run_config import RunConfig
+
+Engine = HFRolloutEngine | RemoteRolloutEngine
+
+
+def wants_cuda(accelerator: str) -> bool:
+    import torch
+
+    return accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def new_engine(cfg: RunConfig, weights: Path) -> Engine:
+    """A rollout engine of kind `rollout.engine` holding the `weights` folder (close it with
+    `close_engine` when it is not a run's cached one)."""
+    return ENGINES[cfg.rollout.engine](cfg, weights)
+
+
+def close_engine(engine: Engine) -> None:
+    """Free what an engine holds outside this process (a server steprl started)."""
+    if isinstance(engine, RemoteRolloutEngine):
+        engine.close()
+
+
+def hf_engine(cfg: RunConfig, weights: Path) -> HFRolloutEngine:
+    """steprl's own engine for `weights` with the run's rollout settings."""
+    return HFRolloutEngine(
+        weights,
+        cfg.rollout.dtype,
+        "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu",
+        cfg.rollout.threads,
+        fused=cfg.rollout.fused_forward,
+        share_prefix=cfg.rollout.share_prompt_prefix,
+        pack_weights=cfg.rollout.pack_weights,
+    )
+
+
+def remote_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
+    """A client of the server at rollout.remote.base_url, which is made to load `weights`
+    (whatever it held before) unless it cannot reload."""
+    r = cfg.rollout.remote
+    api_key = os.environ.get(r.api_key_env, "") if r.api_key_env else ""
+    if r.api_key_env and not api_key:
+        raise ValueError(f"rollout.remote.api_key_env={r.api_key_env!r}: that variable is empty")
+    settings = RemoteSettings(
+        base_url=r.base_url,
+        model=r.model,
+        api_key=api_key,
+        timeout_s=r.timeout_s,
+        max_concurrency=r.max_concurrency,
+        prompts_per_request=r.prompts_per_request,
+        send_seed=r.send_seed,
+        weight_sync=r.weight_sync,
+    )
+    engine = RemoteRolloutEngine(settings, weights)
+    if r.weight_sync != "none":
+        engine.load_checkpoint(weights, 0)
+    return engine
+
+
+def vllm_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
+    """A vLLM server started on `weights` (stopped when the engine closes) and its client."""
+    from agent_core.rollout.engines.vllm_server import VLLMServer
+
+    v = cfg.rollout.vllm
+    server = VLLMServer(v, weights, cfg.rollout.dtype, cfg.run.seed)
+    try:
+        settings = RemoteSettings(
+            base_url=server.base_url,
+            model=server.served_name,
+            timeout_s=v.timeout_s,
+            max_concurrency=v.max_concurrency,
+            prompts_per_request=v.prompts_per_request,
+            send_seed=False,  # one seed for a whole request: a group's samples would be equal
+            weight_sync="vllm",
+        )
+        return RemoteRolloutEngine(settings, weights, server)
+    except BaseException:
+        server.stop()
+        raise
+
+
+ENGINES: dict[str, Callable[[RunConfig, Path], Engine]] = {
+    "hf": hf_engine,
+    "remote": remote_engine,
+    "vllm": vllm_engine,
+}
+
+
+def folder_state_dict(folder: Path) -> dict:
+    """The weights of an HF checkpoint folder (every safetensors shard in it)."""
+    from safetensors.torch import load_file
+
+    state: dict = {}
+    for shard in sorted(Path(folder).glob("model*.safetensors")):  # not value_head.*
+        state |= load_file(shard)
+    if not state:
+        raise FileNotFoundError(f"no model*.safetensors weights in {folder}")
+    return state
