@@ -66,9 +66,12 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# lint-imports: the house's floors (pyproject.toml [tool.importlinter]), no import back up
+# to a higher floor, not even inside a function
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: setup
 	$(BIN)/ruff format .

@@ -1,6 +1,6 @@
 """The `judge` reward term (`reward.terms: [{name: judge, ...}]`): which model judges, by which
 rubric, what it sees, and how its calls are batched. Whether the model folder exists is
-checked when the config loads (`agent_core.config.check_config`).
+checked when the config loads (`agent_core.config.load.check_config`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The `env.tasks` config section: tasks read from a Parquet, JSONL or CSV file, and which of
 its rows train and which are held out (disjoint; what a config alone can show is checked here,
-the rest when the file is opened by `agent_core.task_file`).
+the rest when the file is opened by `agent_core.envs.task_file`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ from agent_core.config.load import (
     deployment_limits,
     load_config,
 )
-from agent_core.run.evaluate import EvalRun
-from tasks.evaluate import evaluate_checkpoint
+from tasks.evaluate import EvalRun, evaluate_checkpoint
 
 
 @flow(name="evaluate", log_prints=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from prefect import flow, runtime
@@ -21,9 +20,6 @@ from agent_core.config.load import (
     deployment_limits,
     load_config,
 )
-from agent_core.rollout.shard import shard_count
-from agent_core.run.evaluate import EvalOutcome
-from agent_core.run.report import console_lines
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,
@@ -43,6 +39,7 @@ class TrainSummary(BaseModel):
 
     run_dir: str
     mlflow_run_id: str
+    tracking_uri: str = Field("", description="The MLflow tracking URI the run logged to.")
     iterations_run: list[int]
     last_metrics: dict[str, float]
     held_out_success: dict[str, float] = Field(
@@ -64,14 +61,13 @@ def train(config: RunConfig) -> TrainSummary:
     every = config.eval.every
     try:
         if every and run.start_iteration == 1 and config.warmup.enabled:
-            held_out["base"] = success(evaluate_policy(config, run, 0, before_warmup=True))
+            held_out["base"] = evaluate_policy(config, run, 0, before_warmup=True).success_rate
         if config.warmup.enabled:
             warmup_policy(config, run)  # supervised cold start: becomes policy version 0
         if every and run.start_iteration == 1:
-            held_out["iter_0000"] = success(evaluate_policy(config, run, 0))  # curve's start
+            held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
         for k in range(run.start_iteration, run.iterations + 1):
-            shards_k = range(shard_count(config))
-            shard_futures = [collect_rollouts.submit(config, run, k, shard) for shard in shards_k]
+            shard_futures = [collect_rollouts.submit(config, run, k, s) for s in range(run.shards)]
             shards = [future.result() for future in shard_futures]
             scored = score_rollouts(config, run, k, shards)
             partition = write_replay(config, run, k, scored)
@@ -82,9 +78,9 @@ def train(config: RunConfig) -> TrainSummary:
             if every and (k % every == 0 or k == run.iterations):
                 evaluated = evaluate_policy(config, run, k)
                 metrics = metrics | evaluated.metrics
-                held_out[f"iter_{k:04d}"] = success(evaluated)
+                held_out[f"iter_{k:04d}"] = evaluated.success_rate
             done.append(k)
-            print("\n".join(console_lines(config, k, metrics)))
+            print("\n".join(logged.console))
     except BaseException:
         finish_run(config, run, "FAILED")
         raise
@@ -92,15 +88,11 @@ def train(config: RunConfig) -> TrainSummary:
     return TrainSummary(
         run_dir=run.run_dir,
         mlflow_run_id=run.mlflow_run_id,
+        tracking_uri=run.tracking_uri,
         iterations_run=done,
         last_metrics=metrics,
         held_out_success=held_out,
     )
-
-
-def success(outcome: EvalOutcome) -> float:
-    """The held-out success rate of an evaluation outcome."""
-    return next(v for k, v in outcome.metrics.items() if k.endswith("/success_rate"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,11 +119,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
     """The closing message: what ran and where its results are."""
-    uri = (
-        config.tracking.tracking_uri
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or "sqlite:///mlflow.db"
-    )
     metrics = json.dumps({k: round(v, 4) for k, v in summary.last_metrics.items()}, indent=2)
     held_out = ""
     if summary.held_out_success:
@@ -150,7 +137,7 @@ def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
         f"  last metrics: {metrics}\n"
         f"{held_out}"
         f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
-        f"  MLflow UI:       mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)\n"
+        f"  MLflow UI:       mlflow ui --backend-store-uri {summary.tracking_uri}   (then open http://127.0.0.1:5000)\n"
         f"  replay (Arrow):  {summary.run_dir}/iter_*/steps.parquet\n"
         f"  checkpoints:     {summary.run_dir}/checkpoints/ (latest -> "
         f"{summary.run_dir}/checkpoints/latest)\n"

@@ -18,6 +18,10 @@ class RunHandle(BaseModel):
     )
     start_iteration: int
     iterations: int
+    shards: int = Field(
+        1, description="Rollout shards each iteration's tasks split into (`rollout.shard`)."
+    )
+    tracking_uri: str = Field("", description="The MLflow tracking URI the run logs to.")
     repairs: int = Field(
         0,
         description="Reruns that removed damaged files; part of the task cache key, so the "

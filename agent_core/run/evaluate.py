@@ -34,6 +34,11 @@ class EvalOutcome(BaseModel):
     metrics: dict[str, float]
     table_path: str
 
+    @property
+    def success_rate(self) -> float:
+        """The held-out success rate (its `<prefix>/success_rate` metric)."""
+        return next(v for k, v in self.metrics.items() if k.endswith("/success_rate"))
+
 
 def eval_tasks(cfg: RunConfig) -> list[Task]:
     """The first `eval.episodes` held-out tasks (never a training seed: config validation

@@ -31,6 +31,7 @@ from agent_core.replay.store import (
     remove_staged,
     verify_partition,
 )
+from agent_core.rollout.shard import shard_count
 from agent_core.run import lock as run_lock
 from agent_core.trainer.policy_trainer import saved_layout
 from configs.run_config import RunConfig
@@ -143,6 +144,8 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
         start_weights=str(Path(first_weights).resolve()),
         start_iteration=start,
         iterations=target,
+        shards=shard_count(cfg),
+        tracking_uri=tracking.tracking_uri(cfg.tracking),
         repairs=repairs(run_dir),
     )
 

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_core.algorithms.diagnostics import update_warnings
 from agent_core.core.faults import crash_point
@@ -42,6 +42,9 @@ class LogResult(BaseModel):
     checkpoint_artifact: str | None
     model_version: str | None = None
     traces: int = 0
+    console: list[str] = Field(
+        default_factory=list, description="The iteration's console lines (`console_lines`)."
+    )
 
 
 def _samples(steps: list[Step], count: int) -> list[dict]:
@@ -227,7 +230,8 @@ def log_iteration(
 
     mark = iteration_dir(run.run_dir, iteration) / LOGGED_MARK
     if mark.is_file():
-        return LogResult.model_validate_json(mark.read_text())
+        logged = LogResult.model_validate_json(mark.read_text())
+        return logged.model_copy(update={"console": console_lines(cfg, iteration, logged.metrics)})
     start = time.perf_counter()
     t = cfg.tracking
     # the file MLflow reads and stores, checked against its manifest first
@@ -249,6 +253,7 @@ def log_iteration(
         checkpoint_artifact=logged["checkpoint_artifact"],
         model_version=logged["model_version"],
         traces=logged["traces"],
+        console=console_lines(cfg, iteration, metrics),
     )
     mark.write_text(result.model_dump_json())
     return result

@@ -8,6 +8,7 @@ result is checkpoint `checkpoints/warmup`, policy version 0 of the run.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from agent_core.trainer.policy_trainer import metrics_dict
 from agent_core.workers.trainer_group import TrainerGroup
 from configs.run_config import RunConfig
 
+log = logging.getLogger(__name__)
 RECORD = "warmup.json"
 WARMUP_STREAM = -1  # seed stream of demonstration tasks, apart from every iteration's
 
@@ -68,7 +70,33 @@ def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
         for s in t
     ]
     successes = sum(t[-1].success for t in trajectories)
+    warn_long_replies(rows, cfg.rollout.max_new_tokens)
     return rows, stats.episodes, successes / max(1, len(trajectories))
+
+
+def reply_lengths(rows: list[TrainRow], max_new_tokens: int) -> dict[str, float]:
+    """Warm-up metrics of the demonstrations' reply lengths: the longest, and how many are
+    longer than `rollout.max_new_tokens` (RL samples are cut there; demonstrations are not)."""
+    lengths = [len(r.response_ids) for r in rows]
+    return {
+        "warmup/reply_tokens_max": float(max(lengths, default=0)),
+        "warmup/replies_over_max_new_tokens": float(sum(n > max_new_tokens for n in lengths)),
+    }
+
+
+def warn_long_replies(rows: list[TrainRow], max_new_tokens: int) -> None:
+    """Warn when demonstrations are longer than RL may sample: the warm-up would teach
+    replies (a tool call with its JSON) that RL samples are cut short of."""
+    lengths = reply_lengths(rows, max_new_tokens)
+    over = int(lengths["warmup/replies_over_max_new_tokens"])
+    if over:
+        longest = int(lengths["warmup/reply_tokens_max"])
+        log.warning(
+            "%d of %d warm-up demonstration replies are longer than rollout.max_new_tokens=%d "
+            "(the longest: %d tokens): the warm-up trains on them whole, but RL cuts its samples "
+            "there, short of what the warm-up taught; raise rollout.max_new_tokens to at least %d",
+            over, len(rows), max_new_tokens, longest, longest,
+        )  # fmt: skip
 
 
 def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
@@ -132,6 +160,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
 
     logged = {f"warmup/{k}": v for k, v in metrics.items() if k != "seconds"}
     logged |= {"warmup/demo_success_rate": success, "timing_s/warmup": result.seconds}
+    logged |= reply_lengths(rows, cfg.rollout.max_new_tokens)
     tracking.log_metrics(cfg.tracking, run.mlflow_run_id, 0, logged)
     record.write_text(json.dumps(result.model_dump(), indent=2))
     return result
