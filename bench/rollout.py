@@ -35,8 +35,10 @@ from transformers import AutoModelForCausalLM
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.prompting.renderer import AgentFlow
 from agent_core.rollout.engine import SamplingParams
-from agent_core.rollout.engines.hf import HFRolloutEngine, _common_prefix, sample_tokens
+from agent_core.rollout.engines.hf import HFRolloutEngine
+from agent_core.rollout.engines.prefill import common_prefix
 from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
+from agent_core.rollout.engines.sampler import sample_tokens
 from agent_core.rollout.engines.vllm_server import VLLMServer
 from agent_core.trainer.policy_trainer import resolve_compute_dtype
 from configs.rollout_engines import VLLMEngineSection
@@ -353,7 +355,7 @@ def roofline_report(results: dict[str, dict], threads: int) -> None:
             "    batch  engine-tok/s  x-naive  %compute-roofline  bw-roofline-tok/s  %bw-roofline"
         )
         for batch, (timing, prompts, _) in results[dtype]["rows"].items():
-            shared = _common_prefix(prompts) if batch > 1 else 0  # as the engine shares it
+            shared = common_prefix(prompts) if batch > 1 else 0  # as the engine shares it
             own = sum(map(len, prompts)) / batch - shared + SIZES.new_tokens / 2
             step_bytes = bytes_per_step(config, 2 if dtype == "bfloat16" else 4, batch, own, shared)
             bw_roof = batch * bandwidth * 1e9 / step_bytes

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from agent_core.rollout.engine import Generation, SamplingParams
-from agent_core.rollout.engines import hf as hf_engine
-from agent_core.rollout.engines.hf import FusedLlamaBackend, HFCacheBackend, HFRolloutEngine
+from agent_core.rollout.engines import prefill, sampler
+from agent_core.rollout.engines.fused_llama import FusedLlamaBackend
+from agent_core.rollout.engines.hf import HFRolloutEngine
+from agent_core.rollout.engines.hf_cache import HFCacheBackend
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 SYSTEM = "<|im_start|>system\nYou are a careful calculator agent.<|im_end|>\n"
@@ -63,7 +65,7 @@ def test_batched_greedy_equals_one_prompt_at_a_time(tiny_model_dir, prompts, fus
 def test_fused_prefix_sharing_and_chunking_change_nothing(tiny_model_dir, prompts, monkeypatch):
     reference = make(tiny_model_dir, fused=False).generate(prompts, GREEDY)
     plain = make(tiny_model_dir, share_prefix=False, pack_weights=False)
-    monkeypatch.setattr(hf_engine, "_PREFILL_TOKENS", 40)  # several prefill chunks
+    monkeypatch.setattr(prefill, "_PREFILL_TOKENS", 40)  # several prefill chunks
     chunked = make(tiny_model_dir)
     for engine in (plain, chunked):
         gens = engine.generate(prompts, GREEDY)
@@ -169,8 +171,8 @@ def test_sampler_draws_from_the_tempered_distribution(vocab, monkeypatch) -> Non
     logits = torch.randn(vocab, generator=gen) * 2
     logits[::7] = float("-inf")  # zero-probability tokens are never drawn
     rows = logits.expand(20000, vocab)
-    monkeypatch.setattr(hf_engine, "_SAMPLE_ROWS", 20000)  # one chunk: fast in a test
-    tokens, logps = hf_engine.sample_tokens(rows, 0.8, 1.0, gen)
+    monkeypatch.setattr(sampler, "_SAMPLE_ROWS", 20000)  # one chunk: fast in a test
+    tokens, logps = sampler.sample_tokens(rows, 0.8, 1.0, gen)
     probs = torch.softmax(logits / 0.8, -1)
     freq = torch.bincount(tokens, minlength=vocab).float() / len(tokens)
     assert (freq - probs).abs().max() < 0.01 and not bool(freq[::7].any())
@@ -181,8 +183,8 @@ def test_nucleus_sampler_keeps_the_smallest_prefix_reaching_top_p(monkeypatch) -
     gen = torch.Generator().manual_seed(1)
     probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
     rows = probs.log().expand(20000, 5)
-    monkeypatch.setattr(hf_engine, "_SAMPLE_ROWS", 20000)
-    tokens, logps = hf_engine.sample_tokens(rows, 1.0, 0.8, gen)
+    monkeypatch.setattr(sampler, "_SAMPLE_ROWS", 20000)
+    tokens, logps = sampler.sample_tokens(rows, 1.0, 0.8, gen)
     # mass before token 2 is 0.7 <= 0.8: kept; before token 3 it is 0.85 > 0.8: dropped
     freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
     expected = torch.tensor([0.5, 0.2, 0.15, 0.0, 0.0]) / 0.85

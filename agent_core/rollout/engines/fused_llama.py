@@ -1,0 +1,305 @@
+"""`FusedLlamaBackend`: the hf engine's forward for Llama-family decoders (Llama, SmolLM,
+Qwen2), with q/k/v and gate/up GEMMs fused and their weights packed once for oneDNN
+(`PackedLinear`), a preallocated KV cache, and cascade attention over the prompt prefix the
+whole batch shares (prefilled once).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from agent_core.rollout.engines.prefill import chunks, common_prefix
+
+_PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes oneDNN's reorder packs
+_PACK_ROWS = 32  # batch-size hint for the weight reorder (any batch works with the result)
+FUSED_MODEL_TYPES = ("llama", "qwen2")
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def fusable(model: torch.nn.Module) -> bool:
+    """Whether `model` is a Llama-family decoder `FusedLlamaBackend` reproduces exactly: RMSNorm,
+    rotary attention (optional q/k/v bias, no q/k norm, no sliding window), SiLU gated MLP."""
+    config = model.config
+    if config.model_type not in FUSED_MODEL_TYPES or getattr(config, "hidden_act", "") != "silu":
+        return False
+    if getattr(config, "use_sliding_window", False) or getattr(config, "mlp_bias", False):
+        return False
+    layer = model.model.layers[0]
+    attn = layer.self_attn
+    return attn.o_proj.bias is None and not hasattr(attn, "q_norm")
+
+
+def _fuse_linears(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of `linears` into one matrix and make each layer's
+    parameters views into it: one GEMM instead of several, with no second copy of the weights,
+    and `load_state_dict` (which copies into parameters in place) keeps updating the fused one."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = torch.nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+class PackedLinear:
+    """x @ W.T + b with W reordered once into oneDNN's blocked layout (bf16 and fp32).
+
+    On CPU a plain `F.linear` re-packs W on every call; for decoding (few rows, weights streamed
+    from memory) that doubles the matmul time. (MKL's fp32 packed GEMM is not used: it falls back
+    to a plain GEMM whenever the row count differs from the packing hint, i.e. once rows
+    finish.) Call `repack` after W changes. Elsewhere (GPU, builds without oneDNN) it is
+    `F.linear`.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
+        self.repack()
+
+    def repack(self) -> None:
+        self.packed = None
+        if self.weight.device.type == "cpu" and self.weight.dtype in _PACKED_DTYPES:
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _PACK_ROWS)
+            except (AttributeError, RuntimeError):  # an op missing from this torch build
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class _Layer:
+    """The tensors of one decoder layer, with q/k/v and gate/up fused."""
+
+    def __init__(self, layer: torch.nn.Module, pack: bool) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        linear = PackedLinear if pack else _PlainLinear
+        self.ln1 = layer.input_layernorm.weight
+        self.ln2 = layer.post_attention_layernorm.weight
+        self.qkv = linear(*_fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]))
+        self.o = linear(attn.o_proj.weight)
+        self.gate_up = linear(*_fuse_linears([mlp.gate_proj, mlp.up_proj]))
+        self.down = linear(mlp.down_proj.weight)
+
+    def linears(self) -> list[PackedLinear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+
+class _PlainLinear(PackedLinear):
+    """`F.linear` always (to measure what packing buys)."""
+
+    def repack(self) -> None:
+        self.packed = None
+
+
+class FusedLlamaBackend:
+    """A Llama-family forward written for batched sampling: fused and pre-packed GEMMs, RoPE on
+    q and k at once, grouped-query attention without repeating keys, logits of the last
+    position only, and a preallocated KV cache [layers, 2, B, kv_heads, slots, head_dim].
+
+    With `share_prefix`, the prompt prefix common to the whole batch (a chat template's system
+    prompt and few-shot examples) is prefilled once into its own cache, and every attention
+    attends to it once for all rows (cascade attention: two flash-attention passes merged by
+    their log-sum-exp), so neither its compute nor its memory traffic scales with the batch.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, share_prefix: bool = True, pack: bool = True
+    ) -> None:
+        config = model.config
+        self.model = model
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.groups = self.heads // self.kv_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
+        self.inter = config.intermediate_size
+        self.layers = [_Layer(layer, pack) for layer in model.model.layers]
+        self.lm_head = (PackedLinear if pack else _PlainLinear)(model.lm_head.weight)
+        self.device = model.lm_head.weight.device
+        self.share_prefix = share_prefix and _cascade_supported(self.device)
+        self.prefix: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, shared, head_dim]
+        self.prefill_forwards = 0  # prefill forwards run (prefix + chunks), for tests
+
+    def weights_changed(self) -> None:
+        for linear in [self.lm_head, *(lin for layer in self.layers for lin in layer.linears())]:
+            linear.repack()
+
+    def prefill(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
+        shared = common_prefix(prompts) if self.share_prefix and len(prompts) > 1 else 0
+        width = max(len(p) for p in prompts) - shared  # slots of the longest own suffix
+        self.kv = self._empty_cache(len(prompts), width + max_new_tokens)
+        self.valid = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.bool)
+        self.valid = self.valid.to(self.device)
+        self.length = width
+        self.next_pos = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.prefix = self._prefill_prefix(prompts[0][:shared]) if shared else None
+        weight = self.lm_head.weight
+        logits = weight.new_empty((len(prompts), weight.shape[0]))
+        for rows in chunks(prompts, shared):
+            logits[rows] = self._prefill_rows([prompts[r] for r in rows], rows, shared, width)
+        return logits
+
+    def _empty_cache(self, rows: int, slots: int) -> torch.Tensor:
+        shape = (len(self.layers), 2, rows, self.kv_heads, slots, self.head_dim)
+        return torch.empty(shape, dtype=self.lm_head.weight.dtype, device=self.device)
+
+    def _prefill_prefix(self, prefix: list[int]) -> torch.Tensor:
+        """The shared prefix, once, into its own cache."""
+        n = len(prefix)
+        cache = self._empty_cache(1, n)
+        ids = torch.tensor([prefix], device=self.device)
+        causal = torch.ones((1, n, n), dtype=torch.bool, device=self.device).tril()
+        positions = torch.arange(n, device=self.device)[None]
+        self._forward(ids, positions, cache, 0, self._mask(causal), None)
+        self.prefill_forwards += 1
+        return cache
+
+    def _prefill_rows(
+        self, prompts: list[list[int]], rows: list[int], shared: int, width: int
+    ) -> torch.Tensor:
+        """Own suffixes of `prompts` (cache rows `rows`, contiguous), left-padded to the chunk's
+        width and placed so that every row's last prompt token sits in slot `width - 1`."""
+        n = max(len(p) for p in prompts) - shared
+        start = width - n
+        ids = torch.zeros((len(rows), n), dtype=torch.long)
+        positions = torch.zeros((len(rows), n), dtype=torch.long)
+        cache_rows = slice(rows[0], rows[-1] + 1)
+        self.kv[:, :, cache_rows, :, :start] = 0  # never-written pad slots: masked, not garbage
+        for i, prompt in enumerate(prompts):
+            suffix = prompt[shared:]
+            ids[i, n - len(suffix) :] = torch.tensor(suffix)
+            positions[i, n - len(suffix) :] = torch.arange(shared, len(prompt))
+            self.valid[rows[0] + i, width - len(suffix) : width] = True
+        keys = torch.arange(width, device=self.device)
+        queries = torch.arange(start, width, device=self.device)
+        # a query sees valid earlier keys; a pad query also sees itself (no all-masked row)
+        allowed = self.valid[cache_rows, None, :width] & (keys <= queries[:, None])
+        allowed |= keys == queries[:, None]
+        ids, positions = ids.to(self.device), positions.to(self.device)
+        cache = self.kv[:, :, cache_rows]
+        self.prefill_forwards += 1
+        return self._forward(ids, positions, cache, start, self._mask(allowed), self.prefix)
+
+    def release(self) -> None:
+        self.kv = self.valid = self.next_pos = self.prefix = None
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        slot = self.length
+        self.valid[:, slot] = True
+        mask = self._mask(self.valid[:, None, : slot + 1])
+        positions = self.next_pos[:, None]
+        logits = self._forward(tokens[:, None], positions, self.kv, slot, mask, self.prefix)
+        self.length += 1
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def select(self, rows: torch.Tensor) -> None:
+        used = self.length
+        if len(rows) < self.kv.shape[2] and bool((rows[1:] > rows[:-1]).all()):
+            # dropping finished rows: compact in place (a source row never precedes its target)
+            for target, source in enumerate(rows.tolist()):
+                if target != source:
+                    self.kv[:, :, target, :, :used] = self.kv[:, :, source, :, :used]
+            self.kv = self.kv[:, :, : len(rows)]
+        else:
+            self.kv = self.kv[:, :, rows]
+        self.valid, self.next_pos = self.valid[rows], self.next_pos[rows]
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Additive mask [b, 1, groups * S, keys] (or [b, 1, 1, keys] when S = 1) from a bool
+        [b, S, keys]: queries are laid out group-major, see `_attend`."""
+        b, s, keys = allowed.shape
+        if s > 1:
+            allowed = allowed[:, None].expand(b, self.groups, s, keys).reshape(b, -1, keys)
+        additive = torch.zeros(allowed.shape, dtype=self.lm_head.weight.dtype, device=self.device)
+        return additive.masked_fill_(~allowed, float("-inf"))[:, None]
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        start: int,
+        mask: torch.Tensor,
+        prefix: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Logits [b, V] of the last position of `ids` [b, S], writing their keys and
+        values into slots [start, start + S) of `cache` [layers, 2, b, kv_heads, slots, dim]."""
+        hidden = F.embedding(ids, self.model.model.embed_tokens.weight)
+        cos, sin = self.model.model.rotary_emb(hidden, positions)
+        rope = (cos[:, :, None], sin[:, :, None])  # broadcast over heads
+        for i, layer in enumerate(self.layers):
+            shared = None if prefix is None else prefix[i]
+            hidden = self._layer(layer, hidden, rope, cache[i], start, mask, shared)
+        last = F.rms_norm(hidden[:, -1], (self.hidden,), self.model.model.norm.weight, self.eps)
+        return self.lm_head(last)
+
+    def _layer(self, layer: _Layer, hidden, rope, cache, start: int, mask, prefix):
+        b, s, _ = hidden.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        x = F.rms_norm(hidden, (self.hidden,), layer.ln1, self.eps)
+        qkv = layer.qkv(x).view(b, s, heads + 2 * kv_heads, dim)
+        qk = _rotate(qkv[:, :, : heads + kv_heads], *rope)
+        end = start + s
+        cache[0, :, :, start:end] = qk[:, :, heads:].transpose(1, 2)
+        cache[1, :, :, start:end] = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+        # query heads kv * groups + g share kv head `kv`: lay them out [b, kv, g * S, dim]
+        query = qk[:, :, :heads].reshape(b, s, kv_heads, self.groups, dim)
+        query = query.permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, dim)
+        out = _attend(query, cache[0, :, :, :end], cache[1, :, :, :end], mask, prefix)
+        out = out.view(b, kv_heads, self.groups, s, dim).permute(0, 3, 1, 2, 4)
+        hidden = hidden + layer.o(out.reshape(b, s, heads * dim))
+        x = F.rms_norm(hidden, (self.hidden,), layer.ln2, self.eps)
+        gate, up = layer.gate_up(x).split(self.inter, dim=-1)
+        return hidden + layer.down(F.silu(gate) * up)
+
+
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    prefix: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention of `query` [b, kv, Q, dim] over each row's `keys`/`values` [b, kv, T, dim]
+    (additive `mask` [b, 1, Q|1, T]) and, when given, a `prefix` cache [2, 1, kv, P, dim] that
+    all rows share and see whole: its pass runs once over all b * Q queries, and the two
+    partial softmaxes merge exactly through their log-sum-exps."""
+    if prefix is None:
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+    b, kv, q, dim = query.shape
+    own, own_lse = _FLASH(query, keys, values, attn_mask=mask)[:2]
+    flat = query.transpose(0, 1).reshape(1, kv, b * q, dim)
+    shared, shared_lse = _FLASH(flat, prefix[0], prefix[1])[:2]
+    shared = shared.view(kv, b, q, dim).transpose(0, 1)
+    shared_lse = shared_lse.view(kv, b, q).transpose(0, 1)
+    # softmax weight of the own part: e^own_lse / (e^own_lse + e^shared_lse)
+    weight = torch.sigmoid(own_lse - shared_lse)[..., None]
+    return torch.lerp(shared.float(), own.float(), weight).to(query.dtype)
+
+
+def _cascade_supported(device: torch.device) -> bool:
+    """Whether this torch build has the CPU flash-attention op that returns log-sum-exps."""
+    if device.type != "cpu" or _FLASH is None:
+        return False
+    try:
+        x = torch.zeros((1, 1, 2, 8))
+        _FLASH(x, x, x, attn_mask=torch.zeros((1, 1, 2, 2)))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x` [b, S, heads, D] (HF's rotate_half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,42 @@
+"""Prefill planning of the hf engine: identical prompts prefilled once (`plan`), the prefix
+the whole batch shares (`common_prefix`), and prefill chunks of bounded padded size (`chunks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+_PREFILL_TOKENS = 4096  # padded prompt tokens per prefill chunk (bounds activation memory)
+
+
+def plan(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Unique prompts sorted by length (prefill chunks then pad little) and, for every input
+    prompt, its row among them."""
+    order = sorted({tuple(p) for p in prompts}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(order)}
+    return [list(p) for p in order], [index[tuple(p)] for p in prompts]
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest common prefix, leaving every prompt at least one own token."""
+    shortest = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < shortest and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
+def chunks(prompts: list[list[int]], shared: int) -> Iterator[list[int]]:
+    """Consecutive row ranges whose padded suffixes fit `_PREFILL_TOKENS` (rows come sorted by
+    length, see `plan`, so a chunk pads little)."""
+    rows: list[int] = []
+    width = 0
+    for row, prompt in enumerate(prompts):
+        need = max(width, len(prompt) - shared)
+        if rows and need * (len(rows) + 1) > _PREFILL_TOKENS:
+            yield rows
+            rows, need = [], len(prompt) - shared
+        rows.append(row)
+        width = need
+    yield rows
