@@ -22,9 +22,10 @@ import polars as pl
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 
+from agent_core.core.files import atomic_write_text
+from agent_core.core.run_folder import MLFLOW_RUN_ID
 from configs.run_config import TrackingSection
 
-RUN_ID_FILE = "mlflow_run_id"
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 MAX_PARAM_CHARS = 6000
@@ -66,7 +67,7 @@ def start_or_resume_run(
     """The MLflow run id of this steprl run: the recorded one if it still exists, else a new run
     with the flattened config as params. Tags are (re)set either way."""
     client = client_for(cfg)
-    id_file = run_dir / RUN_ID_FILE
+    id_file = run_dir / MLFLOW_RUN_ID
     run_id = id_file.read_text().strip() if id_file.is_file() else ""
     if run_id:
         try:
@@ -79,7 +80,7 @@ def start_or_resume_run(
         batch = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
         for start in range(0, len(batch), 100):
             client.log_batch(run_id, params=batch[start : start + 100])
-        id_file.write_text(run_id)
+        atomic_write_text(id_file, run_id)
     else:
         client.update_run(run_id, status="RUNNING")
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
@@ -100,7 +101,7 @@ def start_child_run(
 
 def recorded_run_id(run_dir: Path) -> str | None:
     """The MLflow run id a steprl run folder recorded, if any."""
-    id_file = run_dir / RUN_ID_FILE
+    id_file = run_dir / MLFLOW_RUN_ID
     return id_file.read_text().strip() if id_file.is_file() else None
 
 

@@ -13,15 +13,14 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 
 from agent_core.core.files import atomic_write_bytes
-
-RECORD_FILE = "prefect_flow_run_id"
+from agent_core.core.run_folder import PREFECT_FLOW_RUN_ID
 
 
 def take_over(run_dir: str, flow_run_id: str) -> str | None:
     """Record `flow_run_id` as the run folder's flow run; if the one recorded before it is still
     pending or running in Prefect, set it Crashed and return its id. Call it holding the run
     lock: then no live process is training the folder, so that flow run's process is gone."""
-    record = Path(run_dir) / RECORD_FILE
+    record = Path(run_dir) / PREFECT_FLOW_RUN_ID
     previous = record.read_text().strip() if record.is_file() else ""
     crashed = None
     if previous and previous != flow_run_id:  # the same id: Prefect retrying this flow run

@@ -13,8 +13,9 @@ from agent_core import live
 from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.faults import crash_point
+from agent_core.core.files import atomic_write_text
 from agent_core.core.results import RunHandle, ShardResult
-from agent_core.core.run_folder import iteration_dir, policy_weights
+from agent_core.core.run_folder import policy_weights, shard_files
 from agent_core.replay.schema import steps_to_table
 from agent_core.replay.store import partition_info, write_ipc
 from agent_core.rollout.loop import RolloutMeta
@@ -45,8 +46,7 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
     """Run this shard's share of the iteration's episodes with policy `iteration - 1` and stage
     their steps as Arrow IPC."""
     start = time.perf_counter()
-    folder = iteration_dir(run.run_dir, iteration) / "rollouts"
-    out, meta_file = folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
+    out, meta_file = shard_files(run.run_dir, iteration, shard)
     if already_done(run, iteration, out, meta_file):
         return ShardResult.model_validate_json(meta_file.read_text())
     steps, stats = run_shard(cfg, run, iteration, shard)
@@ -67,5 +67,5 @@ def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) ->
         episode_ends=stats.episode_ends,
         lost_episodes=stats.lost_episodes,
     )
-    meta_file.write_text(result.model_dump_json())
+    atomic_write_text(meta_file, result.model_dump_json())
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent_core.core.run_folder import config_file
 from configs.run_config import RunConfig
 
 DEFAULT_PRESET = "calculator_grpo"  # what serve-policy serves when nothing names a run
@@ -24,11 +25,11 @@ def serving_config(
 
     folder = Path(checkpoint)
     recorded = None
-    if folder.parent.name == CHECKPOINTS and (folder.parent.parent / "config.yaml").is_file():
-        recorded = folder.parent.parent / "config.yaml"
+    if folder.parent.name == CHECKPOINTS and config_file(folder.parent.parent).is_file():
+        recorded = config_file(folder.parent.parent)
     elif checkpoint in ("latest", "base") or checkpoint.isdigit() or checkpoint.startswith("iter_"):
         run_dir = run_dir_of(load_config(preset or DEFAULT_PRESET, overrides))
-        recorded = run_dir / "config.yaml" if (run_dir / "config.yaml").is_file() else None
+        recorded = config_file(run_dir) if config_file(run_dir).is_file() else None
     if run_config and recorded is not None:
         return load_config(recorded, overrides), str(recorded)
     return load_config(preset or DEFAULT_PRESET, overrides), f"preset {preset or DEFAULT_PRESET}"

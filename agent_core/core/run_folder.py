@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from agent_core.core.files import atomic_write_bytes
+from agent_core.core.files import atomic_write_bytes, atomic_write_text
 from agent_core.core.results import RunHandle
 from configs.run_config import RunConfig
 
@@ -40,6 +40,13 @@ def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
 
 
 WARMUP = "warmup"
+CONFIG = "config.yaml"  # the config the run was last started with (dump_config)
+LOCK_FILE = "run.lock"  # flock-ed by the one process training the run
+MLFLOW_RUN_ID = "mlflow_run_id"  # the run's MLflow run, reopened by a rerun
+PREFECT_FLOW_RUN_ID = "prefect_flow_run_id"  # the flow run training it (marked Crashed if dead)
+WARMUP_RECORD = "warmup.json"  # the warm-up's result: present = warm-up done
+ROLLOUTS = "rollouts"  # per iteration: one staged Arrow file + record per shard
+UPDATE_RECORD = "update.json"  # per iteration: the update's result
 
 
 def warmup_dir(run_dir: Path) -> Path:
@@ -69,13 +76,50 @@ def repairs(run_dir: Path, bump: bool = False) -> int:
 
 
 def write_latest(run_dir: Path, iteration: int) -> None:
-    pointer = run_dir / CHECKPOINTS / LATEST
-    tmp = pointer.with_name(LATEST + ".tmp")
-    tmp.write_text(f"iter_{iteration:04d}\n")
-    tmp.replace(pointer)
+    """Point `checkpoints/latest` at iteration `iteration`'s checkpoint."""
+    atomic_write_text(run_dir / CHECKPOINTS / LATEST, f"iter_{iteration:04d}\n")
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     folders = sorted((run_dir / CHECKPOINTS).glob("iter_[0-9][0-9][0-9][0-9]"))
     for old in folders[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def config_file(run_dir: str | Path) -> Path:
+    """The config the run was last started with."""
+    return Path(run_dir) / CONFIG
+
+
+def shard_files(run_dir: str | Path, iteration: int, shard: int) -> tuple[Path, Path]:
+    """A rollout shard's staged steps (Arrow IPC) and its record."""
+    folder = iteration_dir(run_dir, iteration) / ROLLOUTS
+    return folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
+
+
+def staged_shards(run_dir: str | Path, iteration: int) -> list[Path]:
+    """The staged shard files of an iteration that are still on disk, in shard order."""
+    return sorted((iteration_dir(run_dir, iteration) / ROLLOUTS).glob("*.arrow"))
+
+
+def scored_files(run_dir: str | Path, iteration: int) -> tuple[Path, Path]:
+    """The iteration's scored steps (Arrow IPC, staged until the commit) and its record."""
+    folder = iteration_dir(run_dir, iteration)
+    return folder / "scored.arrow", folder / "scored.json"
+
+
+def update_record(run_dir: str | Path, iteration: int) -> Path:
+    """The record of the iteration's update (present = the update is done)."""
+    return iteration_dir(run_dir, iteration) / UPDATE_RECORD
+
+
+def training_eval_dir(run_dir: str | Path, label: str) -> Path:
+    """A held-out evaluation made during training (`eval.every`): its episode table and the
+    record a rerun reads to skip it. `label` is 'base' or 'iter_000k'."""
+    return Path(run_dir) / "eval" / label
+
+
+def checkpoint_eval_dir(run_dir: str | Path, label: str) -> Path:
+    """A standalone evaluation of a checkpoint (`steprl eval`, the evaluate flow), an MLflow
+    run of its own: apart from training's records, which it must never satisfy."""
+    return Path(run_dir) / "evaluations" / label

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from agent_core.core.results import PartitionResult, RunHandle, ScoreResult
-from agent_core.core.run_folder import iteration_dir
+from agent_core.core.run_folder import staged_shards
 from agent_core.replay.store import commit_partition, partition_info, read_ipc, remove_staged
 from configs.run_config import RunConfig
 
@@ -23,9 +23,8 @@ def commit(cfg: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult) 
         # an agent function's episode that made no call (for a role) leaves no rows
         partial = cfg.env.agent is not None
         info = commit_partition(run.run_dir, iteration, table, cfg.rollout.group_size, partial)
-    folder = iteration_dir(run.run_dir, iteration)
     # staged tables go; their small records stay so reruns know the phases are done
-    for staged in [*folder.glob("rollouts/*.arrow"), Path(scored.path)]:
+    for staged in [*staged_shards(run.run_dir, iteration), Path(scored.path)]:
         remove_staged(staged)
     return PartitionResult(
         iteration=iteration,

@@ -4,6 +4,7 @@ with a per-episode table. Tasks come from the env's eval seed range, disjoint fr
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,9 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel
 
+from agent_core.core.files import atomic_write_bytes, atomic_write_text
 from agent_core.core.records import Step, Task
+from agent_core.core.run_folder import checkpoint_eval_dir, training_eval_dir
 from agent_core.envs import make_tasks
 from agent_core.envs.task_file import held_out_tasks
 from agent_core.rewards.judge_engines import judge_engines
@@ -126,9 +129,9 @@ def evaluate_policy(
     table = episode_table(steps, by_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "episodes.parquet"
-    tmp = path.with_name(".episodes.parquet.tmp")
-    table.write_parquet(tmp)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    table.write_parquet(buffer)
+    atomic_write_bytes(path, buffer.getvalue())
     metrics = table_metrics(table, cfg.eval.samples_per_task)
     return EvalOutcome(
         policy_version=version, checkpoint=checkpoint, metrics=metrics, table_path=str(path)
@@ -194,7 +197,7 @@ def evaluate_in_training(
 
     run_dir = Path(run.run_dir)
     label = "base" if before_warmup else f"iter_{version:04d}"
-    out = run_dir / "eval" / label
+    out = training_eval_dir(run_dir, label)
     marker = out / "result.json"
     if marker.is_file():
         return EvalOutcome.model_validate_json(marker.read_text())
@@ -211,7 +214,7 @@ def evaluate_in_training(
         from agent_core.run.report import CURVE_BASELINES, CURVE_KEYS
 
         tracking.log_learning_curve(cfg.tracking, run.mlflow_run_id, CURVE_KEYS, CURVE_BASELINES)
-    marker.write_text(outcome.model_dump_json())
+    atomic_write_text(marker, outcome.model_dump_json())
     return outcome
 
 
@@ -242,7 +245,7 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
         engine = new_engine(cfg, folder)
         try:
             outcome = evaluate_policy(
-                cfg, engine, version, str(folder), run_dir / "evaluations" / label
+                cfg, engine, version, str(folder), checkpoint_eval_dir(run_dir, label)
             )
         finally:
             close_engine(engine)

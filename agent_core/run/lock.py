@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-LOCK_FILE = "run.lock"
+from agent_core.core.run_folder import LOCK_FILE
 
 _HELD: dict[str, IO[str]] = {}  # resolved run folder -> its open, locked file
 _GUARD = threading.Lock()

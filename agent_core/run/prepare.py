@@ -17,10 +17,13 @@ from agent_core.core.run_folder import (
     CHECKPOINTS,
     LATEST,
     checkpoint_dir,
+    config_file,
     is_logged,
     iteration_dir,
     repairs,
     run_dir_of,
+    scored_files,
+    staged_shards,
     warmup_dir,
 )
 from agent_core.models import ensure_model_folder
@@ -55,7 +58,8 @@ def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(checkpoint_dir(run_dir, iteration), ignore_errors=True)
         return problems
-    for staged in sorted(folder.glob("rollouts/*.arrow")) + sorted(folder.glob("scored.arrow")):
+    scored, scored_record = scored_files(run_dir, iteration)
+    for staged in [*staged_shards(run_dir, iteration), scored]:
         if not staged.exists():
             continue  # removed above as derived from a corrupt shard
         try:
@@ -63,8 +67,7 @@ def repair_iteration(run_dir: Path, iteration: int) -> list[str]:
         except CorruptPartitionError as exc:
             problems.append(str(exc))
             repairs(run_dir, bump=True)
-            for derived in [staged, staged.with_suffix(".json"), folder / "scored.arrow",
-                            folder / "scored.json"]:  # fmt: skip
+            for derived in [staged, staged.with_suffix(".json"), scored, scored_record]:
                 remove_staged(derived)
     return problems
 
@@ -120,7 +123,7 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
     model = cfg.model
     base = ensure_model_folder(model.path, model.source, model.tiny_hidden_size, model.tiny_layers)
     refuse_other_layout(cfg, run_dir)
-    changed = changed_settings(run_dir / "config.yaml", cfg)
+    changed = changed_settings(config_file(run_dir), cfg)
     if changed:
         log.warning(
             "run folder %s was started with other settings (%s); it goes on with the new ones "
@@ -128,7 +131,7 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
             run_dir,
             "; ".join(changed),
         )
-    atomic_write_bytes(run_dir / "config.yaml", dump_config(cfg).encode())
+    atomic_write_bytes(config_file(run_dir), dump_config(cfg).encode())
     run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, cfg.run.name, flatten(cfg), tags)
     start = 1
     while is_logged(run_dir, start):

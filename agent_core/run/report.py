@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from agent_core.algorithms.diagnostics import update_warnings
 from agent_core.core.faults import crash_point
+from agent_core.core.files import atomic_write_text
 from agent_core.core.records import Step
 from agent_core.core.results import (
     PartitionResult,
@@ -255,7 +256,7 @@ def log_iteration(
         traces=logged["traces"],
         console=console_lines(cfg, iteration, metrics),
     )
-    mark.write_text(result.model_dump_json())
+    atomic_write_text(mark, result.model_dump_json())
     return result
 
 

@@ -23,10 +23,11 @@ from agent_core.algorithms.returns import StepArrays
 from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.collect.shard import already_done
 from agent_core.core.faults import crash_point
+from agent_core.core.files import atomic_write_text
 from agent_core.core.records import Step
 from agent_core.core.registry import resolve
 from agent_core.core.results import RunHandle, ScoreResult, ShardResult
-from agent_core.core.run_folder import iteration_dir, policy_weights
+from agent_core.core.run_folder import policy_weights, scored_files
 from agent_core.replay.schema import steps_to_table, table_to_steps
 from agent_core.replay.store import read_ipc, write_ipc
 from agent_core.rewards.judge_engines import judge_engines
@@ -141,7 +142,7 @@ def _reward_falling(run_dir: Path, iteration: int, reward: float, limit: int) ->
     from the earlier iterations' score records."""
     history = [reward]
     for k in range(iteration - 1, max(0, iteration - limit - 1), -1):
-        record = iteration_dir(run_dir, k) / "scored.json"
+        record = scored_files(run_dir, k)[1]
         if not record.is_file():
             break
         earlier = ScoreResult.model_validate_json(record.read_text()).metrics
@@ -181,8 +182,7 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
 def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
     """Apply reward functions and the advantage estimator to the staged steps."""
     start = time.perf_counter()
-    folder = iteration_dir(run.run_dir, iteration)
-    out, meta_file = folder / "scored.arrow", folder / "scored.json"
+    out, meta_file = scored_files(run.run_dir, iteration)
     if already_done(run, iteration, out, meta_file):
         return ScoreResult.model_validate_json(meta_file.read_text())
     ends = [(s.episodes, s.episode_ends, s.lost_episodes) for s in shards]
@@ -200,5 +200,5 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
         metrics=metrics,
         seconds=time.perf_counter() - start,
     )
-    meta_file.write_text(result.model_dump_json())
+    atomic_write_text(meta_file, result.model_dump_json())
     return result

@@ -15,12 +15,13 @@ from agent_core.algorithms.diagnostics import (
     reward_after_update_estimate,
 )
 from agent_core.core.faults import crash_point
+from agent_core.core.files import atomic_write_text
 from agent_core.core.results import PartitionResult, RunHandle, UpdateResult
 from agent_core.core.run_folder import (
     checkpoint_dir,
-    iteration_dir,
     policy_weights,
     prune_checkpoints,
+    update_record,
     write_latest,
 )
 from agent_core.replay.store import read_partition
@@ -80,7 +81,7 @@ def update(
     start = time.perf_counter()
     run_dir = Path(run.run_dir)
     ckpt = checkpoint_dir(run_dir, iteration)
-    record = iteration_dir(run_dir, iteration) / "update.json"
+    record = update_record(run_dir, iteration)
     if ckpt.is_dir() and record.is_file():
         return UpdateResult.model_validate_json(record.read_text())
     version = iteration - 1
@@ -108,7 +109,7 @@ def update(
         seconds=time.perf_counter() - start,
     )
     # record first, prune last: a crash in between retrains from a checkpoint that still exists
-    record.write_text(result.model_dump_json())
+    atomic_write_text(record, result.model_dump_json())
     write_latest(run_dir, iteration)
     live.mark_trained(run_dir, iteration)
     prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)

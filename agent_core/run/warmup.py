@@ -18,8 +18,9 @@ from pydantic import BaseModel
 from agent_core import live
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.collect.loops import make_loop
+from agent_core.core.files import atomic_write_text
 from agent_core.core.results import RunHandle
-from agent_core.core.run_folder import warmup_dir
+from agent_core.core.run_folder import WARMUP_RECORD, warmup_dir
 from agent_core.envs import env_class
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
@@ -31,7 +32,6 @@ from agent_core.workers.trainer_group import TrainerGroup
 from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
-RECORD = "warmup.json"
 WARMUP_STREAM = -1  # seed stream of demonstration tasks, apart from every iteration's
 
 
@@ -129,7 +129,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     """Fine-tune the base model on demonstrations and save checkpoint `warmup` (once: a rerun
     returns the stored result)."""
     run_dir = Path(run.run_dir)
-    ckpt, record = warmup_dir(run_dir), run_dir / RECORD
+    ckpt, record = warmup_dir(run_dir), run_dir / WARMUP_RECORD
     if ckpt.is_dir() and record.is_file():
         return WarmupResult.model_validate_json(record.read_text())
     start = time.perf_counter()
@@ -162,5 +162,5 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     logged |= {"warmup/demo_success_rate": success, "timing_s/warmup": result.seconds}
     logged |= reply_lengths(rows, cfg.rollout.max_new_tokens)
     tracking.log_metrics(cfg.tracking, run.mlflow_run_id, 0, logged)
-    record.write_text(json.dumps(result.model_dump(), indent=2))
+    atomic_write_text(record, json.dumps(result.model_dump(), indent=2))
     return result
