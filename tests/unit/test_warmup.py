@@ -1,23 +1,29 @@
-"""Cold-start demonstrations: every env's solver wins through the real loop, and demo files
-in steprl's step schema are read with failed trajectories skipped."""
+"""Cold-start demonstrations: every env's solver wins through the real loop, demo files in
+steprl's step schema are read with failed trajectories skipped, and demonstrations longer than
+RL may sample are warned about (and the general preset's budget fits a tool call)."""
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
 import pytest
 
+from agent_core.config.load import load_config
 from agent_core.envs import CalculatorEnv, NumberLineEnv
 from agent_core.prompting.renderer import AgentFlow
 from agent_core.replay import steps_to_table
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
-from agent_core.run.warmup import file_rows
+from agent_core.run.warmup import file_rows, reply_lengths, solver_rows
 from agent_core.tools.calculator import evaluate
+from tests.conftest import REPO
 
 META = RolloutMeta("r", 0, 0, "x")
+DEFAULT_MODEL = REPO / ".models" / "SmolLM2-135M-Instruct"
+LOOKUP_ENV = "tests.outsider.lookup_compute_env:LookupComputeEnv"
 
 
 @pytest.mark.parametrize("env_cls", [CalculatorEnv, NumberLineEnv])
@@ -55,3 +61,51 @@ def test_file_rows_skip_failed_trajectories(tmp_path: Path, tiny_tokenizer) -> N
     assert len(rows) == len(steps) - len(failed)
     assert {r.trajectory_id for r in rows}.isdisjoint({s.trajectory_id for s in failed})
     assert all(len(r.old_logprobs) == len(r.response_ids) for r in rows)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_warmup_warns_when_demonstrations_outgrow_max_new_tokens(
+    tiny_tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # byte tokens: each calculator call of the solver is ~90 tokens, far over 24
+    cut = load_config("smoke", ["warmup.tasks=4", "rollout.max_new_tokens=24"])
+    with caplog.at_level(logging.WARNING, logger="agent_core.run.warmup"):
+        rows, _, _ = solver_rows(cut, tiny_tokenizer)
+    longest = max(len(r.response_ids) for r in rows)
+    over = sum(len(r.response_ids) > 24 for r in rows)
+    assert longest > 24 and over > 0
+    (message,) = _warnings(caplog)
+    assert f"{over} of {len(rows)} warm-up demonstration replies" in message
+    assert f"rollout.max_new_tokens=24 (the longest: {longest} tokens)" in message
+    assert f"raise rollout.max_new_tokens to at least {longest}" in message
+    assert reply_lengths(rows, 24) == {
+        "warmup/reply_tokens_max": float(longest),
+        "warmup/replies_over_max_new_tokens": float(over),
+    }
+
+    caplog.clear()
+    fits = load_config("smoke", ["warmup.tasks=4", f"rollout.max_new_tokens={longest}"])
+    with caplog.at_level(logging.WARNING, logger="agent_core.run.warmup"):
+        solver_rows(fits, tiny_tokenizer)
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.is_dir(), reason="the default model is not converted")
+@pytest.mark.parametrize("env", ["calculator", LOOKUP_ENV])
+def test_general_preset_budget_fits_the_default_models_tool_calls(
+    env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    cfg = load_config("learn_general", [f"env.name={env}", "env.max_steps=4", "warmup.tasks=16"])
+    with caplog.at_level(logging.WARNING, logger="agent_core.run.warmup"):
+        rows, _, success = solver_rows(cfg, tokenizer)
+    assert success == 1.0
+    calls = [len(r.response_ids) for r in rows if len(r.response_ids) > 20]
+    assert calls, "the solver made no tool call"
+    assert max(calls) <= cfg.rollout.max_new_tokens  # every demonstrated call fits whole
+    assert _warnings(caplog) == []
