@@ -43,19 +43,19 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 demo: setup setup-model
-	$(BIN)/python -m flows.train --config calculator_grpo $(ARGS)
+	$(BIN)/steprl train --config calculator_grpo $(ARGS)
 
 eval: setup setup-model
 	$(BIN)/steprl eval --config calculator_grpo $(ARGS)
 
 # Two measured learning runs (cold start + RL), each within ~30 minutes on 2 CPU cores.
 learn: setup setup-model
-	$(BIN)/python -m flows.train --config learn_calculator $(ARGS)
-	$(BIN)/python -m flows.train --config learn_numberline $(ARGS)
+	$(BIN)/steprl train --config learn_calculator $(ARGS)
+	$(BIN)/steprl train --config learn_numberline $(ARGS)
 
 # The calculator run again with LoRA adapters (trainer.lora) instead of full fine-tuning.
 learn-lora: setup setup-model
-	$(BIN)/python -m flows.train --config learn_calculator_lora $(ARGS)
+	$(BIN)/steprl train --config learn_calculator_lora $(ARGS)
 
 serve: setup setup-model
 	$(BIN)/steprl serve $(ARGS)

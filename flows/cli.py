@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,6 +15,9 @@ from rich.table import Table
 
 from agent_core.config.load import ConfigError, RunConfig, load_config
 from agent_core.core import progress as progress_hooks
+
+if TYPE_CHECKING:
+    from flows.train import TrainSummary
 
 app = typer.Typer(help="steprl: step-level RL for multi-step LLM agents.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -70,7 +74,6 @@ def train(
 ) -> None:
     """Run the `train` flow (embedded Prefect, or PREFECT_API_URL when set)."""
     from flows.train import train as train_flow
-    from flows.train import where_to_look
 
     cfg = _config(config, set_)
     summary = _with_progress(train_flow, cfg)
@@ -246,6 +249,33 @@ def runs(output_dir: Path = typer.Option(Path("runs"), help="Folder holding the 
         ]
         table.add_row(s["name"], str(s["iterations"]), *cells, s["mlflow_run_id"] or "-")
     Console().print(table)
+
+
+def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
+    """The closing message: what ran and where its results are."""
+    metrics = json.dumps({k: round(v, 4) for k, v in summary.last_metrics.items()}, indent=2)
+    held_out = ""
+    if summary.held_out_success:
+        rates = ", ".join(f"{k}={v:.3f}" for k, v in summary.held_out_success.items())
+        held_out = f"  held-out success: {rates}\n"
+    nothing = ""
+    if not summary.iterations_run:
+        nothing = (
+            f"  nothing to run: {summary.run_dir} already holds every iteration up to "
+            "run.iterations; raise run.iterations, set run.continue_for, or pick a new "
+            "run.name\n"
+        )
+    return (
+        f"\nsteprl run '{config.run.name}' finished iterations {summary.iterations_run}\n"
+        f"{nothing}"
+        f"  last metrics: {metrics}\n"
+        f"{held_out}"
+        f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
+        f"  MLflow UI:       mlflow ui --backend-store-uri {summary.tracking_uri}   (then open http://127.0.0.1:5000)\n"
+        f"  replay (Arrow):  {summary.run_dir}/iter_*/steps.parquet\n"
+        f"  checkpoints:     {summary.run_dir}/checkpoints/ (latest -> "
+        f"{summary.run_dir}/checkpoints/latest)\n"
+    )
 
 
 def main() -> None:

@@ -1,23 +1,19 @@
 """The `evaluate` flow: held-out success rate, pass@k, reward and steps of any checkpoint.
 
-`python -m flows.evaluate --config calculator_grpo --checkpoint latest` (or base, iter_0002,
-or a model folder). Results go to an MLflow run nested under the training run.
+`steprl eval --config calculator_grpo --checkpoint latest` (or base, iter_0002, or a model
+folder). Results go to an MLflow run nested under the training run.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from prefect import flow, runtime
 
 from agent_core.config.load import (
-    ConfigError,
     RunConfig,
     check_config,
     deployment_limits,
-    load_config,
 )
 from tasks.evaluate import EvalRun, evaluate_checkpoint
 
@@ -40,24 +36,5 @@ def evaluate(config: RunConfig, checkpoint: str = "latest") -> EvalRun:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line for the evaluate flow."""
-    parser = argparse.ArgumentParser(description="Evaluate a steprl checkpoint (a Prefect flow).")
-    parser.add_argument("--config", default="calculator_grpo", help="preset name or YAML path")
-    parser.add_argument(
-        "--checkpoint", default="latest", help="base, latest, iter_000k or a folder"
-    )
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.set)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    result = evaluate(config, args.checkpoint)
-    print(json.dumps(result.model_dump(), indent=2))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("the evaluate flow runs from the steprl command: steprl eval --config NAME")

@@ -1,24 +1,21 @@
 """The `train` flow: N iterations of collect -> score -> write replay -> update -> log.
 
-Run it embedded (`python -m flows.train --config calculator_grpo`) or against a Prefect server
-(set PREFECT_API_URL). Re-running a run name resumes after its last complete iteration.
+Run it with `steprl train --config calculator_grpo` (embedded Prefect) or against a Prefect
+server (set PREFECT_API_URL); `steprl serve` registers it as a deployment. Re-running a run
+name resumes after its last complete iteration.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from prefect import flow, runtime
 from pydantic import BaseModel, Field
 
 from agent_core.config.load import (
-    ConfigError,
     RunConfig,
     check_config,
     deployment_limits,
-    load_config,
 )
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
@@ -95,54 +92,7 @@ def train(config: RunConfig) -> TrainSummary:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: load a preset or YAML with overrides, run the flow, print where to look."""
-    parser = argparse.ArgumentParser(description="Train a steprl policy (a Prefect flow).")
-    parser.add_argument("--config", default="calculator_grpo", help="preset name or YAML path")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set trainer.learning_rate=1e-5",
-    )
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.set)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    summary = train(config)
-    print(where_to_look(config, summary))
-    return 0
-
-
-def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
-    """The closing message: what ran and where its results are."""
-    metrics = json.dumps({k: round(v, 4) for k, v in summary.last_metrics.items()}, indent=2)
-    held_out = ""
-    if summary.held_out_success:
-        rates = ", ".join(f"{k}={v:.3f}" for k, v in summary.held_out_success.items())
-        held_out = f"  held-out success: {rates}\n"
-    nothing = ""
-    if not summary.iterations_run:
-        nothing = (
-            f"  nothing to run: {summary.run_dir} already holds every iteration up to "
-            "run.iterations; raise run.iterations, set run.continue_for, or pick a new "
-            "run.name\n"
-        )
-    return (
-        f"\nsteprl run '{config.run.name}' finished iterations {summary.iterations_run}\n"
-        f"{nothing}"
-        f"  last metrics: {metrics}\n"
-        f"{held_out}"
-        f"  MLflow run id:   {summary.mlflow_run_id}  (experiment '{config.tracking.experiment}')\n"
-        f"  MLflow UI:       mlflow ui --backend-store-uri {summary.tracking_uri}   (then open http://127.0.0.1:5000)\n"
-        f"  replay (Arrow):  {summary.run_dir}/iter_*/steps.parquet\n"
-        f"  checkpoints:     {summary.run_dir}/checkpoints/ (latest -> "
-        f"{summary.run_dir}/checkpoints/latest)\n"
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        "the train flow runs from the steprl command: steprl train --config NAME [--set KEY=VALUE]"
+    )

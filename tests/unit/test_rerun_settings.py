@@ -9,7 +9,8 @@ import pytest
 
 from agent_core.config.load import load_config
 from agent_core.core.config_record import changed_settings, dump_config
-from flows.train import TrainSummary, where_to_look
+from flows.cli import where_to_look
+from flows.train import TrainSummary
 
 TINY = ["model.source=tiny-random"]
 
@@ -46,7 +47,7 @@ def test_a_rerun_with_other_ranks_or_zero_stage_is_refused_at_its_start(tmp_path
     """The optimizer state of the checkpoint a rerun goes on from is partitioned by ranks and
     ZeRO stage: other ones are refused before any work, naming the setting and the fix."""
     from agent_core.run.prepare import refuse_other_layout
-    from agent_core.trainer.policy_trainer import DS_STATE_DIR
+    from agent_core.trainer.checkpoint import DS_STATE_DIR
 
     checkpoint = tmp_path / "checkpoints" / "iter_0001"
     (checkpoint / DS_STATE_DIR).mkdir(parents=True)
