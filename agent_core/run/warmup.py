@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -19,6 +20,7 @@ from agent_core import live
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.files import atomic_write_text
+from agent_core.core.records import Step
 from agent_core.core.results import RunHandle
 from agent_core.core.run_folder import WARMUP_RECORD, warmup_dir
 from agent_core.envs import env_class
@@ -49,7 +51,8 @@ class WarmupResult(BaseModel):
 def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
     """Demonstration steps from the env's solver on training seeds (the episodes its
     `keep_demonstration` keeps: by default the successful ones). Returns rows, episodes
-    played and the solver's success rate."""
+    played and the solver's success rate; raises, saying how the episodes ended, when none
+    was kept."""
     tasks = train_tasks(cfg, WARMUP_STREAM, cfg.warmup.tasks)
     loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
     steps, stats = loop.run(tasks, 1, RolloutMeta("warmup", 0, 0, cfg.env.name), solver=True)
@@ -69,9 +72,49 @@ def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
         for t in good
         for s in t
     ]
-    successes = sum(t[-1].success for t in trajectories)
+    success = sum(t[-1].success for t in trajectories) / max(1, len(trajectories))
+    if not rows:
+        raise RuntimeError(no_demonstration(cfg, trajectories, success))
     warn_long_replies(rows, cfg.rollout.max_new_tokens)
-    return rows, stats.episodes, successes / max(1, len(trajectories))
+    return rows, stats.episodes, success
+
+
+def episode_end(last: Step) -> str:
+    """How an episode ended, from its last step: the env's or the loop's `info["end"]`."""
+    if "end" in last.info:
+        return str(last.info["end"])
+    return "env_error" if "env_error" in last.info else "unset"
+
+
+def no_demonstration(cfg: RunConfig, trajectories: list[list[Step]], success: float) -> str:
+    """Why the solver's episodes left no demonstration: how they ended (`info["end"]`), the
+    solver's success rate, and the likely fixes."""
+    ends = Counter(episode_end(t[-1]) for t in trajectories)
+    fixes = []
+    if ends["max_prompt_tokens"]:
+        fixes.append(
+            f"raise rollout.max_prompt_tokens (now {cfg.rollout.max_prompt_tokens}; or keep less "
+            "history with env.context): the prompt outgrew it before the solver finished"
+        )
+    if ends["max_steps"]:
+        fixes.append(f"raise env.max_steps (now {cfg.env.max_steps}): the solver ran out of turns")
+    if ends["env_error"]:
+        fixes.append("the env raised in its step (the log shows the traceback): fix the env")
+    if not trajectories:
+        fixes.append("no training task was drawn: check the training rows of env.tasks")
+    elif not fixes:
+        fixes.append(
+            "no solver episode succeeded (info['success'] on its last step): check solve_step "
+            "against the env's success test"
+            if success == 0.0
+            else "the env's keep_demonstration refused its successful episodes too: check it"
+        )
+    listed = ", ".join(f"{end} {n}" for end, n in ends.most_common()) or "none"
+    return (
+        f"warm-up has no demonstration to learn from: the env's keep_demonstration kept none "
+        f"of {len(trajectories)} solver episodes (solver success rate {success:.2f}; episodes "
+        f"ended: {listed}). Likely fix: {'; '.join(fixes)}"
+    )
 
 
 def reply_lengths(rows: list[TrainRow], max_new_tokens: int) -> dict[str, float]:
@@ -122,6 +165,11 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
         for i, r in enumerate(good.iter_rows(named=True))
         if r["response_ids"]
     ]  # fmt: skip
+    if not rows:
+        raise RuntimeError(
+            f"warm-up has no demonstration to learn from: none of the {frame.height} rows of "
+            f"warmup.path={path!r} is a reply (response_ids) of a successful trajectory"
+        )
     return rows, good.height, good.height / max(1, frame.height)
 
 
@@ -139,11 +187,6 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
     else:
         rows, episodes, success = file_rows(cfg.warmup.path or "")
-    if not rows:
-        raise RuntimeError(
-            "warm-up has no demonstration to learn from (solver: the env's "
-            "keep_demonstration kept none of its episodes; file: no successful trajectory)"
-        )
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
     trainer.save(ckpt, {"iteration": 0, "policy_version": 0, "warmup": True, "metrics": metrics})
     if isinstance(trainer, TrainerGroup):

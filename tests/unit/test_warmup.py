@@ -109,3 +109,44 @@ def test_general_preset_budget_fits_the_default_models_tool_calls(
     assert calls, "the solver made no tool call"
     assert max(calls) <= cfg.rollout.max_new_tokens  # every demonstrated call fits whole
     assert _warnings(caplog) == []
+
+
+class WrongSolverEnv(CalculatorEnv):
+    """A solver that answers at once, always wrongly: episodes end on an answer, none wins."""
+
+    def solve_step(self):
+        return "Answer: -1"
+
+
+NO_DEMONSTRATION = [
+    (["rollout.max_prompt_tokens=600"], "max_prompt_tokens 4", "raise rollout.max_prompt_tokens (now 600"),
+    (["env.max_steps=1"], "max_steps 4", "raise env.max_steps (now 1)"),
+    ([f"env.name={__name__}:WrongSolverEnv"], "answer 4", "no solver episode succeeded"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "ends", "fix"), NO_DEMONSTRATION)
+def test_no_demonstration_says_how_solver_episodes_ended(
+    tiny_tokenizer, overrides: list[str], ends: str, fix: str
+) -> None:
+    cfg = load_config("smoke", ["warmup.tasks=4", "env.max_steps=4", *overrides])
+    with pytest.raises(RuntimeError) as error:
+        solver_rows(cfg, tiny_tokenizer)
+    message = str(error.value)
+    assert "warm-up has no demonstration to learn from" in message
+    assert "kept none of 4 solver episodes (solver success rate 0.00" in message
+    assert f"episodes ended: {ends})" in message
+    assert f"Likely fix: {fix}" in message
+
+
+def test_a_demonstrations_file_without_success_says_so(tmp_path: Path, tiny_tokenizer) -> None:
+    loop = AgentEnvLoop(None, AgentFlow(tiny_tokenizer), CalculatorEnv, SamplingParams(), 100_000)
+    steps, _ = loop.run([CalculatorEnv.make_task(0)], 1, META, solver=True)
+    for s in steps:
+        s.success = False
+    path = tmp_path / "failed.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(steps_to_table(steps), path)
+    with pytest.raises(RuntimeError, match=f"none of the {len(steps)} rows of warmup.path="):
+        file_rows(str(path))
