@@ -111,11 +111,6 @@ def log_table(cfg: TrackingSection, run_id: str, parquet: Path, artifact_file: s
     client_for(cfg).log_table(run_id, data=frame.to_pandas(), artifact_file=artifact_file)
 
 
-def logged_metric_steps(cfg: TrackingSection, run_id: str, key: str) -> list[int]:
-    """Steps (iterations) at which `key` was logged."""
-    return [m.step for m in client_for(cfg).get_metric_history(run_id, key)]
-
-
 def log_metrics(cfg: TrackingSection, run_id: str, step: int, metrics: dict[str, float]) -> None:
     """Log finite metrics at `step` (the iteration) in one batch; keys already logged at this
     step (before a crash) are not logged twice."""

@@ -83,11 +83,6 @@ def dense_steps(arrays: StepArrays, column: np.ndarray) -> np.ndarray:
     return dense
 
 
-def dense_rewards(arrays: StepArrays) -> np.ndarray:
-    """Rewards scattered into a [T, S_max] matrix (T trajectories, S_max steps), zeros padded."""
-    return dense_steps(arrays, arrays.reward)
-
-
 def returns_to_go(arrays: StepArrays, rewards: np.ndarray, gamma: float) -> np.ndarray:
     """G_t = sum_{t' >= t} gamma^(t'-t) r_t' within each trajectory, for per-step `rewards`
     [N] aligned with `arrays`. Returns shape [N]."""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent_core.rewards.judge import JudgeEngine
-from agent_core.rollout.build import wants_cuda
+from agent_core.rollout.build import hf_engine
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JUDGE_POLICY
 from configs.run_config import RunConfig
@@ -25,16 +25,7 @@ def folder_engine(cfg: RunConfig, folder: str) -> HFRolloutEngine:
     key = str(Path(folder).resolve())
     with _GUARD:
         if key not in _FOLDER_ENGINES:
-            r = cfg.rollout
-            _FOLDER_ENGINES[key] = HFRolloutEngine(
-                key,
-                r.dtype,
-                "cuda" if wants_cuda(cfg.trainer.accelerator) else "cpu",
-                r.threads,
-                fused=r.fused_forward,
-                share_prefix=r.share_prompt_prefix,
-                pack_weights=r.pack_weights,
-            )
+            _FOLDER_ENGINES[key] = hf_engine(cfg, Path(key))
         return _FOLDER_ENGINES[key]
 
 
