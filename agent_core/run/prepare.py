@@ -36,7 +36,7 @@ from agent_core.replay.store import (
 )
 from agent_core.rollout.shard import shard_count
 from agent_core.run import lock as run_lock
-from agent_core.trainer.policy_trainer import saved_layout
+from agent_core.trainer.checkpoint import saved_layout
 from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
-"""Process-group set-up for DeepSpeed: a single CPU process needs rank/world env vars and gloo.
-
-Under the `deepspeed` launcher (multi-GPU, multi-node) the launcher's variables are kept.
+"""Process-group set-up for DeepSpeed (a single CPU process needs rank/world env vars and gloo;
+under the `deepspeed` launcher, multi-GPU or multi-node, the launcher's variables are kept), and
+the cross-rank helpers of an update: each rank's share of a mini-batch, a flag raised on any
+rank, sums over ranks, a barrier.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
 
 
 def free_port() -> int:
@@ -20,8 +24,6 @@ def free_port() -> int:
 
 def select_accelerator(accelerator: str) -> str:
     """Set DS_ACCELERATOR before deepspeed is imported; return the accelerator name in use."""
-    import torch
-
     name = accelerator
     if accelerator == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,9 +62,39 @@ def init_process_group(accelerator: str) -> None:
     """Initialise torch.distributed once (inside `single_process_env` when not launched):
     gloo on CPU, the accelerator's backend otherwise."""
     import deepspeed
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
     backend = "gloo" if accelerator == "cpu" else None
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def rank_share(micros: list, rank: int, world: int) -> list[tuple[list, bool]]:
+    """This rank's micro-batches of a mini-batch (round-robin over ranks), as (sequences,
+    counts). Every rank runs the same number of forward/backward passes (ZeRO 2/3 reduce
+    and gather in each), so a rank short of work repeats a micro-batch at zero weight."""
+    mine = [(seqs, True) for seqs in micros[rank::world]]
+    per_rank = -(-len(micros) // world)
+    return mine + [(micros[0], False)] * (per_rank - len(mine))
+
+
+def any_rank(flag: bool, world: int) -> bool:
+    """True on every rank when `flag` is True on any (one process: the flag itself)."""
+    if world == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def sum_over_ranks(values: list) -> list[float]:
+    """Each of `values` added up over all ranks (one float64 all-reduce)."""
+    total = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
+def barrier(world: int) -> None:
+    """Wait for every rank (one process: nothing to wait for)."""
+    if world > 1:
+        dist.barrier()

@@ -1,14 +1,13 @@
 """`PolicyTrainer`: the policy (and optional value head) inside a DeepSpeed engine; one
 clipped policy-gradient update per iteration with optional KL to a frozen reference, entropy
-bonus and value loss; checkpoints as Hugging Face folders plus DeepSpeed state.
+bonus and value loss, a supervised warm-up through the same engine, and no-grad forwards
+(values, log-ratios, reference KL). Its checkpoints are written and read by `checkpoint`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -32,15 +31,17 @@ from agent_core.trainer.batching import (
     tree_microbatches,
     with_trajectory_tokens,
 )
+from agent_core.trainer.checkpoint import gathered_state, load_checkpoint_state, save_checkpoint
 from agent_core.trainer.distributed import (
+    any_rank,
     init_process_group,
+    rank_share,
     select_accelerator,
     single_process_env,
+    sum_over_ranks,
 )
 from agent_core.trainer.policy_module import PolicyModule
 from configs.run_config import TrainerSection
-
-DS_STATE_DIR = "deepspeed"
 
 
 @dataclass
@@ -264,22 +265,6 @@ class PolicyTrainer:
         metrics.seconds = time.perf_counter() - start
         return metrics
 
-    def _rank_share(self, micros: list) -> list[tuple[list, bool]]:
-        """This rank's micro-batches of a mini-batch (round-robin over ranks), as (sequences,
-        counts). Every rank runs the same number of forward/backward passes (ZeRO 2/3 reduce
-        and gather in each), so a rank short of work repeats a micro-batch at zero weight."""
-        mine = [(seqs, True) for seqs in micros[self.rank :: self.world]]
-        per_rank = -(-len(micros) // self.world)
-        return mine + [(micros[0], False)] * (per_rank - len(mine))
-
-    def _any_rank(self, flag: bool) -> bool:
-        """True on every rank when `flag` is True on any (one process: the flag itself)."""
-        if self.world == 1:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
-
     def _sum_over_ranks(self, metrics: UpdateMetrics, sums: dict, micro_count: int) -> int:
         """Add up what each rank counted over its share (one all-reduce); returns the global
         micro-batch count. Optimizer steps and the grad norm are already global."""
@@ -288,9 +273,7 @@ class PolicyTrainer:
         keys = sorted(_SUMMED)
         counted = ("nonfinite_losses", "trained_tokens", "padded_tokens")
         local = [sums.get(k, 0.0) for k in keys] + [getattr(metrics, k) for k in counted]
-        total = torch.tensor([*local, micro_count], dtype=torch.float64)
-        dist.all_reduce(total)
-        values = total.tolist()
+        values = sum_over_ranks([*local, micro_count])
         for key, value in zip(keys, values, strict=False):
             sums[key] = value
         for key, value in zip(counted, values[len(keys) :], strict=False):
@@ -305,7 +288,7 @@ class PolicyTrainer:
         step_rows = [i for seqs in micros for q in seqs for i, _, _ in q.spans]
         step_count, traj_count = len(step_rows), trajectory_mass(rows, step_rows)
         done = 0
-        for seqs, counts in self._rank_share(micros):
+        for seqs, counts in rank_share(micros, self.rank, self.world):
             batch = self._collate(seqs, rows)
             try:
                 parts = self._micro_backward(
@@ -329,12 +312,12 @@ class PolicyTrainer:
     def _step(self, metrics: UpdateMetrics, sums: dict, done: int) -> None:
         """One optimizer step on the accumulated gradients, unless no micro-batch of any rank
         added a finite one or the gradient is not finite (then the step is skipped)."""
-        if not self._any_rank(done > 0):  # every micro-batch had a non-finite loss
+        if not any_rank(done > 0, self.world):  # every micro-batch had a non-finite loss
             self.engine.zero_grad()
             metrics.skipped_steps += 1
             return
         norm = self._grad_norm()
-        if norm is not None and self._any_rank(not math.isfinite(norm)):
+        if norm is not None and any_rank(not math.isfinite(norm), self.world):
             # a non-finite gradient never reaches the weights (or a checkpoint)
             self.engine.zero_grad()
             metrics.skipped_steps += 1
@@ -355,7 +338,7 @@ class PolicyTrainer:
         aggregate. DeepSpeed averages gradients over ranks, so the loss is scaled by the rank
         count to make the reduced gradient the global sum (`weight` 0: a padding pass). A
         non-finite loss on any rank skips this backward on every rank."""
-        if self._any_rank(not torch.isfinite(loss)):
+        if any_rank(not torch.isfinite(loss), self.world):
             raise FloatingPointError("non-finite loss")
         self.engine.backward(loss * (weight * self.world), scale_wrt_gas=False)
 
@@ -505,105 +488,24 @@ class PolicyTrainer:
     def lm_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (gathered) LM weights, for the rollout engine and HF checkpoints. Under ZeRO-3
         every rank must call it (a collective gather); only rank 0 gets the weights."""
-        return self._gathered_state("lm.")
-
-    def _gathered_state(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The module's weights under `prefix` (ZeRO-3: gathered from every rank; LoRA: the
-        LM's weights merged with its adapters)."""
-        if self.cfg.lora is not None and prefix == "lm.":
-            return lora.merged_state_dict(self.engine.module.lm)
-        if self.cfg.zero_stage == 3:
-            full = self.engine._zero3_consolidated_16bit_state_dict() or {}  # {} off rank 0
-        else:
-            full = self.engine.module.state_dict()
-        return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
+        return gathered_state(self.engine, self.cfg, "lm.")
 
     def save(self, checkpoint_dir: Path, metadata: dict, on_half_written=None) -> Path:
-        """Write the HF folder (+ value head, + DeepSpeed state) to a temp folder, then rename
-        it to `checkpoint_dir`: a crash leaves no partial checkpoint under the final name.
-        With several ranks every rank calls this: rank 0 writes the HF folder (ZeRO-3: the
-        gathered weights), each rank its own DeepSpeed partition."""
-        tmp = checkpoint_dir.with_name(checkpoint_dir.name + ".tmp")
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        state = self.lm_state_dict()  # a collective under ZeRO-3
-        module: PolicyModule = self.engine.module
-        head = self._gathered_state("value_head.") if module.value_head is not None else None
-        if self.rank == 0:
-            if self.cfg.lora is not None:
-                module.lm.get_base_model().save_pretrained(tmp, state_dict=state)
-                lora.save_adapter(module.lm, tmp)
-            else:
-                module.lm.save_pretrained(tmp, state_dict=state)
-            if on_half_written is not None:
-                on_half_written()
-            self.tokenizer.save_pretrained(tmp)
-            module.save_value_head(tmp, head)
-        self._barrier()
-        if self.cfg.save_deepspeed_state:
-            # the weights are in the folder already (fp32: bf16 is autocast over fp32
-            # weights; LoRA: the frozen base is the base model folder's), so the DeepSpeed
-            # state holds the optimizer state, not the weights a second time (540 MB on 135M)
-            with self._weights_left_out():
-                self.engine.save_checkpoint(
-                    str(tmp / DS_STATE_DIR), tag="state", exclude_frozen_parameters=True
-                )
-        self._barrier()
-        if self.rank == 0:
-            meta = metadata | {"ranks": self.world, "zero_stage": self.cfg.zero_stage}
-            (tmp / "steprl.json").write_text(json.dumps(meta, indent=2, default=str))
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-            tmp.rename(checkpoint_dir)
-        self._barrier()
-        return checkpoint_dir
+        """Write checkpoint `checkpoint_dir` (every rank calls this; see `save_checkpoint`)."""
+        return save_checkpoint(
+            self.engine,
+            self.tokenizer,
+            self.cfg,
+            self.rank,
+            self.world,
+            checkpoint_dir,
+            metadata,
+            on_half_written,
+        )
 
     def load_state(self, checkpoint_dir: Path) -> bool:
         """Restore optimizer + weights from a checkpoint's DeepSpeed state; False if it has none."""
-        layout = saved_layout(checkpoint_dir, self.cfg.zero_stage)
-        if layout is None:
-            return False
-        if layout != (self.world, self.cfg.zero_stage):
-            raise RuntimeError(
-                f"{checkpoint_dir} holds DeepSpeed state of {layout[0]} rank(s) at ZeRO-"
-                f"{layout[1]}, but this update runs {self.world} rank(s) at ZeRO-"
-                f"{self.cfg.zero_stage}: resume with the same trainer.ranks and "
-                "trainer.zero_stage (the optimizer state is partitioned by them)"
-            )
-        state = checkpoint_dir / DS_STATE_DIR
-        # the weights came from the folder; the state adds the optimizer's (and, in a
-        # checkpoint of an earlier version or under ZeRO-3, the weights again: the same)
-        self.engine.load_checkpoint(str(state), tag="state", load_module_strict=False)
-        return True
-
-    @contextlib.contextmanager
-    def _weights_left_out(self):
-        """While saving the DeepSpeed state, mark every weight frozen, so that its module
-        state leaves them out (`exclude_frozen_parameters`); under ZeRO-3 the module state
-        is a placeholder anyway, and its partitioned parameters are left untouched."""
-        params = self.engine.module.parameters() if self.cfg.zero_stage < 3 else []
-        trainable = [p for p in params if p.requires_grad]
-        try:
-            for p in trainable:
-                p.requires_grad_(False)
-            yield
-        finally:
-            for p in trainable:
-                p.requires_grad_(True)
-
-
-def saved_layout(checkpoint_dir: Path, zero_stage: int) -> tuple[int, int] | None:
-    """(ranks, ZeRO stage) that wrote the checkpoint's DeepSpeed state, which only the same
-    layout can load (the optimizer state is partitioned by both); None when it holds no state.
-    A checkpoint from before steprl recorded them was one rank at `zero_stage`."""
-    if not (Path(checkpoint_dir) / DS_STATE_DIR).is_dir():
-        return None
-    meta_file = Path(checkpoint_dir) / "steprl.json"
-    saved = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    return saved.get("ranks", 1), saved.get("zero_stage", zero_stage)
+        return load_checkpoint_state(self.engine, self.cfg, self.world, checkpoint_dir)
 
 
 def native_bf16(device_type: str) -> bool:
