@@ -17,7 +17,7 @@ from agent_core.envs.code_tasks import PROBLEMS, instance
 from agent_core.envs.code_tests import HiddenTestsResult, run_hidden_tests
 from agent_core.envs.tool_env import ToolEnv
 from agent_core.prompting.context import ContextPolicy
-from agent_core.tools.python_sandbox import PythonTool
+from agent_core.tools.python import PythonTool
 
 SYSTEM_PROMPT = (
     "You write Python functions. Reply with the complete function in one ```python code "

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from agent_core.tools.python_sandbox import PythonTool
+from agent_core.tools.python import PythonTool
 
 HARNESS = """
 import json, os, select, signal, sys, time

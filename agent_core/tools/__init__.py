@@ -6,7 +6,7 @@ from typing import Any
 from agent_core.core.registry import resolve_subclass
 from agent_core.tools.base import BaseTool, ToolError, ToolResult
 from agent_core.tools.calculator import CalculatorTool
-from agent_core.tools.python_sandbox import PythonTool
+from agent_core.tools.python import PythonTool
 from agent_core.tools.search import SearchTool
 
 TOOLS: dict[str, type[BaseTool]] = {

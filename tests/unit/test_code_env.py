@@ -24,8 +24,8 @@ from agent_core.envs.code_tasks import (
 from agent_core.envs.code_tasks_file import task_rows
 from agent_core.envs.code_tests import HiddenTestsResult, judge
 from agent_core.run.evaluate import eval_tasks
-from agent_core.tools import python_sandbox
-from agent_core.tools.python_sandbox import sandbox_problem
+from agent_core.tools import python as python_tool
+from agent_core.tools.sandbox.run import sandbox_problem
 
 PROBLEM = sandbox_problem("namespaces")
 needs_sandbox = pytest.mark.skipif(PROBLEM is not None, reason=f"no namespaces: {PROBLEM}")
@@ -214,7 +214,7 @@ def test_solver_passes_and_sandbox_settings_come_from_tool_options() -> None:
 
 
 def test_a_sandbox_this_machine_lacks_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(python_sandbox, "sandbox_problem", lambda level: "unshare: not permitted")
+    monkeypatch.setattr(python_tool, "sandbox_problem", lambda level: "unshare: not permitted")
     data = {"model": {"source": "tiny-random", "path": "unused"}, "env": {"name": "code"}}
     with pytest.raises(ConfigError, match=r"env\.tool_options\.python: .*unshare: not permitted"):
         config_from_dict(data)

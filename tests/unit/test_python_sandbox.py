@@ -16,7 +16,9 @@ import pytest
 from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs.tool_env import ToolEnv
 from agent_core.tools import TOOLS
-from agent_core.tools.python_sandbox import UID_BASE, PythonTool, sandbox_problem
+from agent_core.tools.python import PythonTool
+from agent_core.tools.sandbox.levels import UID_BASE
+from agent_core.tools.sandbox.run import sandbox_problem
 
 PROBLEM = sandbox_problem("namespaces")
 LEVEL = "namespaces"

@@ -21,10 +21,12 @@ import pytest
 
 from agent_core.config.load import ConfigError, load_config
 from agent_core.envs import make_env
-from agent_core.tools import python_sandbox as sandbox
-from agent_core.tools.python_sandbox import PythonTool, SandboxUnavailable
+from agent_core.tools.python import PythonTool
+from agent_core.tools.sandbox import levels
+from agent_core.tools.sandbox import run as sandbox_run
+from agent_core.tools.sandbox.levels import SandboxUnavailable
 
-NAMESPACES_PROBLEM = sandbox.sandbox_problem("namespaces")
+NAMESPACES_PROBLEM = sandbox_run.sandbox_problem("namespaces")
 needs_namespaces = pytest.mark.skipif(
     NAMESPACES_PROBLEM is not None, reason=f"no namespaces here: {NAMESPACES_PROBLEM}"
 )
@@ -50,9 +52,9 @@ print("400 MB in four orphans")
 @pytest.fixture
 def fresh_probe() -> Iterator[None]:
     """Levels are probed once per process; these tests change what the probe finds."""
-    sandbox.sandbox_problem.cache_clear()
+    sandbox_run.sandbox_problem.cache_clear()
     yield
-    sandbox.sandbox_problem.cache_clear()
+    sandbox_run.sandbox_problem.cache_clear()
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def refused_namespaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_pr
     fake.chmod(0o755)
     real_which = shutil.which
     monkeypatch.setattr(
-        sandbox.shutil,
+        shutil,
         "which",
         lambda name, *args, **kwargs: str(fake) if name == "unshare" else real_which(name),
     )
@@ -88,7 +90,7 @@ def test_config_load_names_what_is_missing_and_the_way_out(refused_namespaces: N
 
 
 def test_missing_unshare_is_named(monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name, *args, **kwargs: None)
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: None)
     with pytest.raises(SandboxUnavailable, match=r"`unshare` command \(util-linux\) is not"):
         PythonTool()
 
@@ -117,7 +119,7 @@ def test_user_namespace_flavour_has_no_capabilities(
 ) -> None:
     """What a non-root trainer gets: the code is root of its own user namespace, without any
     capability to undo the read-only view."""
-    monkeypatch.setattr(sandbox, "_user_namespace", lambda: True)
+    monkeypatch.setattr(levels, "_user_namespace", lambda: True)
     tool = PythonTool(timeout_s=5)
     code = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -138,7 +140,8 @@ def test_user_namespace_flavour_has_no_capabilities(
 # unix socket; one line of results.
 NON_ROOT_TRAINER = """
 import os
-from agent_core.tools.python_sandbox import PythonTool, sandbox_problem
+from agent_core.tools.python import PythonTool
+from agent_core.tools.sandbox.run import sandbox_problem
 assert os.geteuid() != 0 and sandbox_problem("namespaces") is None
 tool = PythonTool(timeout_s=10, memory_mb=256)
 none = PythonTool(timeout_s=10, memory_mb=256, isolation="none")
@@ -234,11 +237,11 @@ def uid_tool(
     python = _world_runnable_python()
     if python is None:
         pytest.skip("level 'uid' needs root and an interpreter other uids can run")
-    if request.param == "landlock" and sandbox._landlock_abi() == 0:
+    if request.param == "landlock" and levels._landlock_abi() == 0:
         pytest.skip("this kernel has no Landlock")
     if request.param == "no-landlock":
-        monkeypatch.setattr(sandbox, "_landlock_abi", lambda: 0)
-    monkeypatch.setattr(sandbox, "_interpreter", lambda: python)
+        monkeypatch.setattr(levels, "_landlock_abi", lambda: 0)
+    monkeypatch.setattr(sandbox_run, "_interpreter", lambda: python)
     return PythonTool(timeout_s=10, isolation="uid")
 
 
@@ -261,7 +264,7 @@ def test_uid_level_leaves_nothing_in_shared_folders(uid_tool: PythonTool) -> Non
     )
     result = uid_tool.run({"code": code})
     outcomes = ast.literal_eval(result.text)
-    if sandbox._landlock_abi() > 0:  # refused (the folder of the last one was never made)
+    if levels._landlock_abi() > 0:  # refused (the folder of the last one was never made)
         assert outcomes == ["PermissionError"] * 3 + ["FileNotFoundError"], result.text
     else:  # written, and removed after the call
         assert outcomes == ["written"] * 4, result.text
@@ -277,7 +280,7 @@ def test_uid_level_enforces_the_scratch_limit(uid_tool: PythonTool, folder: str)
         "time.sleep(5)\nprint('done')"
     )
     result = uid_tool.run({"code": code})
-    if folder == "/tmp" and sandbox._landlock_abi() > 0:
+    if folder == "/tmp" and levels._landlock_abi() > 0:
         assert "PermissionError" in result.text and "written" not in result.text
     else:
         assert result.info["killed_by"] == "scratch", result.text
@@ -311,13 +314,13 @@ def test_weaker_levels_cannot_touch_the_trainer(
 ) -> None:
     """Landlock (ABI >= 6): no reading the trainer's environment or the project, no writing
     outside the scratch folder, no signal to the trainer."""
-    if sandbox._landlock_abi() < 6:
+    if levels._landlock_abi() < 6:
         pytest.skip("needs Landlock ABI 6 (Linux 6.12)")
     if level == "uid":
         python = _world_runnable_python()
         if python is None:
             pytest.skip("level 'uid' needs root and an interpreter other uids can run")
-        monkeypatch.setattr(sandbox, "_interpreter", lambda: python)
+        monkeypatch.setattr(sandbox_run, "_interpreter", lambda: python)
     tool = PythonTool(timeout_s=5, isolation=level)  # type: ignore[arg-type]
     trainer = os.getpid()
     code = TRY_WRITE + (
@@ -335,7 +338,7 @@ def test_weaker_levels_cannot_touch_the_trainer(
     assert "Landlock" in result.info["sandbox_warning"]
 
 
-@pytest.fixture(params=sandbox.LEVELS)
+@pytest.fixture(params=levels.LEVELS)
 def level_tool(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fresh_probe: None
 ) -> PythonTool:
@@ -347,7 +350,7 @@ def level_tool(
         python = _world_runnable_python()
         if python is None:
             pytest.skip("level 'uid' needs root and an interpreter other uids can run")
-        monkeypatch.setattr(sandbox, "_interpreter", lambda: python)
+        monkeypatch.setattr(sandbox_run, "_interpreter", lambda: python)
     return PythonTool(timeout_s=10, memory_mb=256, isolation=level)
 
 

@@ -16,7 +16,7 @@ from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.tool_env import MAX_HUNG_CALLS_PER_TOOL, ToolEnv
 from agent_core.text.tool_calls import CallError, ToolCall, parse_tool_calls
 from agent_core.tools.base import BaseTool, ToolResult
-from agent_core.tools.python_sandbox import PythonTool
+from agent_core.tools.python import PythonTool
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>'
 

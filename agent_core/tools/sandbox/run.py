@@ -1,7 +1,6 @@
-"""The `python` tool: runs model-written code in a throw-away, resource-limited sandbox process.
-
-Owns the isolation levels (each probed once per process, never weakened silently), the plan of
-one sandboxed run and its output capture; the launcher and the host-side watch have own modules.
+"""One sandboxed run of model-written code: its plan (command line and launcher config), the
+process under the host's watch until it exits or is stopped, the kill of its whole tree, what it
+produced and what it applied; and each level's probe, one such run per process.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import json
 import logging
 import math
 import os
-import random
 import select
 import shutil
 import signal
@@ -21,98 +19,25 @@ import tempfile
 import time
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-from agent_core.tools.base import BaseTool, ToolResult
+# The level's probes are looked up on `levels` at call time: one place to stand in for them.
+from agent_core.tools.sandbox import levels
 from agent_core.tools.sandbox.launcher import launcher_source
+from agent_core.tools.sandbox.levels import Isolation, _call_uid, _missing, weakness
+from agent_core.tools.sandbox.limits import SandboxLimits
 from agent_core.tools.sandbox.watch import MEMORY_POLL_S, CallWatch, remove_owned, stop_tree
 
 logger = logging.getLogger(__name__)
 
-Isolation = Literal["namespaces", "uid", "none"]
-LEVELS: tuple[Isolation, ...] = ("namespaces", "uid", "none")
-# The parser takes a call of at most 4,000 characters (envs/tool_calls.py MAX_CALL_CHARS): a
-# program this long fits even when JSON escapes each of its characters to two (quotes,
-# backslashes, newlines, tabs), so what the schema advertises is what a call can carry.
-MAX_CODE_CHARS = 1_900
 # The launcher exits with this when it cannot build the sandbox or start the program.
 SETUP_FAILED_EXIT = 125
 SETUP_MARKER = "steprl-sandbox:"
-# Each call runs as a fresh uid from this range (no /etc/passwd entry): RLIMIT_NPROC counts
-# processes per uid, so a shared uid like `nobody` would let one call's fork bomb starve the
-# concurrent calls of other episodes.
-UID_BASE = 2_000_000_000
-UID_SPAN = 100_000_000
 SANDBOX_DIR = "/sandbox"
 DEVICES = ("null", "zero", "random", "urandom")
 TOP_LEVEL_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 UNSHARE_FLAGS = ("--pid", "--fork", "--kill-child", "--net", "--mount", "--ipc", "--uts")
 USER_NAMESPACE_FLAGS = ("--user", "--map-root-user")
-USERNS_SYSCTL = "/proc/sys/user/max_user_namespaces"
-# What the weaker levels leave open; the file part depends on Landlock (see `weakness`).
-WARNINGS: dict[Isolation, str] = {
-    "namespaces": "",
-    "uid": "no namespaces: the code shares the host's pid and network namespaces (seccomp still "
-    "blocks network sockets and every unix socket but a connected stream pair)",
-    "none": "no namespaces and no uid drop: the code runs as this user (as root: without any "
-    "capability) and its process count is not limited; seccomp still blocks network sockets "
-    "and every unix socket but a connected stream pair",
-}
-FILES_OPEN: dict[Isolation, str] = {
-    "namespaces": "",
-    "uid": "it can read world-readable host files (the project too)",
-    "none": "it can read and write this user's files",
-}
-WEAKER: dict[Isolation, str] = {
-    "uid": "isolation='uid' (root only: a fresh uid per call, no namespaces)",
-    "none": "isolation='none' (runs as this user)",
-}
-
-
-class SandboxUnavailable(ValueError):
-    """The requested isolation level cannot run here; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-call resource limits; `cpu_s` defaults to the wall-clock timeout rounded up."""
-
-    timeout_s: float = 5.0
-    memory_mb: int = 256
-    cpu_s: int | None = None
-    max_processes: int = 16
-    output_chars: int = 8192
-    file_mb: int = 16
-    scratch_mb: int = 64
-    open_files: int = 64
-
-    def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"sandbox limit {name} must be > 0, got {value}")
-        if self.memory_mb < 32:
-            raise ValueError(f"memory_mb={self.memory_mb} is too small for Python; use >= 32")
-
-    @property
-    def cpu_seconds(self) -> int:
-        return self.cpu_s or max(1, math.ceil(self.timeout_s))
-
-    def rlimits(self, with_nproc: bool) -> dict[str, tuple[int, int]]:
-        """(soft, hard) per RLIMIT name; NPROC only counts when the call has a uid of its own
-        (a fresh uid, or root of its own user namespace)."""
-        mib = 1024 * 1024
-        limits = {
-            # Per process; the whole call's total is held by the host's CallWatch.
-            "RLIMIT_AS": (self.memory_mb * mib, self.memory_mb * mib),
-            # SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
-            "RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
-            "RLIMIT_FSIZE": (self.file_mb * mib, self.file_mb * mib),
-            "RLIMIT_NOFILE": (self.open_files, self.open_files),
-            "RLIMIT_CORE": (0, 0),
-        }
-        if with_nproc:
-            limits["RLIMIT_NPROC"] = (self.max_processes, self.max_processes)
-        return limits
 
 
 @dataclass(frozen=True)
@@ -152,18 +77,6 @@ def _system_view() -> tuple[tuple[str, ...], dict[str, str]]:
     return tuple(binds), links
 
 
-@cache
-def _landlock_abi() -> int:
-    """The kernel's Landlock ABI version (0 = none): it confines files of the levels without
-    a chroot."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    import ctypes
-
-    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    return max(0, ctypes.CDLL(None).syscall(444, None, 0, 1))
-
-
 def _environment(home: str) -> dict[str, str]:
     """A fresh environment: nothing of the trainer's (tokens, paths, proxies) leaks in."""
     return {
@@ -176,25 +89,12 @@ def _environment(home: str) -> dict[str, str]:
     }
 
 
-def _user_namespace() -> bool:
-    """Whether the namespaces level makes its own user namespace: without root there is no
-    fresh uid to switch to, so the code runs as the root of a new user namespace instead."""
-    return os.geteuid() != 0
-
-
-def _call_uid(level: Isolation) -> int | None:
-    """The fresh uid of one call, or None where the code keeps this process's uid."""
-    if level == "none" or (level == "namespaces" and _user_namespace()):
-        return None
-    return random.randrange(UID_BASE, UID_BASE + UID_SPAN)
-
-
 def _plan(
     level: Isolation, workdir: str, limits: SandboxLimits, uid: int | None
 ) -> tuple[list[str], dict[str, Any]]:
     """The command line and launcher config for one run at `level` inside host dir `workdir`."""
     namespaced = level == "namespaces"
-    own_userns = namespaced and _user_namespace()
+    own_userns = namespaced and levels._user_namespace()
     scratch = SANDBOX_DIR if namespaced else os.path.join(workdir, "scratch")
     if namespaced:
         os.mkdir(os.path.join(workdir, "root"))
@@ -215,7 +115,7 @@ def _plan(
         "uid": uid,
         # The code would be a root: of its own user namespace, or the host's at level "none".
         "drop_capabilities": own_userns or (level == "none" and os.geteuid() == 0),
-        "landlock_abi": 0 if namespaced else _landlock_abi(),
+        "landlock_abi": 0 if namespaced else levels._landlock_abi(),
         "python": _interpreter(),
         "env": _environment(scratch),
         "rlimits": limits.rlimits(with_nproc=uid is not None or own_userns),
@@ -399,8 +299,10 @@ def _describe(level: Isolation, limits: SandboxLimits, uid: int | None) -> str:
             "runs as the host user" + (", no capabilities" if os.geteuid() == 0 else ""),
         ],
     }[level]
-    if level != "namespaces" and _landlock_abi():
-        parts.append(f"landlock ABI {_landlock_abi()}: read system+interpreter, write scratch")
+    if level != "namespaces" and levels._landlock_abi():
+        parts.append(
+            f"landlock ABI {levels._landlock_abi()}: read system+interpreter, write scratch"
+        )
     tail = [
         f"memory: all processes of the call together <= {limits.memory_mb}MB (polled PSS)",
         "no_new_privs",
@@ -410,21 +312,6 @@ def _describe(level: Isolation, limits: SandboxLimits, uid: int | None) -> str:
         "process-tree kill",
     ]
     return "; ".join([*parts, rlimits, *tail])
-
-
-def _missing(level: Isolation) -> str | None:
-    """What this machine lacks for `level`, found without running anything; None if nothing."""
-    if not sys.platform.startswith("linux"):
-        return f"the sandbox needs Linux, not {sys.platform}"
-    if level == "namespaces" and not shutil.which("unshare"):
-        return "the `unshare` command (util-linux) is not installed"
-    if level == "namespaces" and _user_namespace():
-        with contextlib.suppress(OSError, ValueError), open(USERNS_SYSCTL) as handle:
-            if int(handle.read()) == 0:
-                return f"not root, and user namespaces are disabled ({USERNS_SYSCTL} is 0)"
-    if level == "uid" and os.geteuid() != 0:
-        return "level 'uid' needs root (each call switches to a fresh uid)"
-    return None
 
 
 @cache
@@ -450,153 +337,3 @@ def sandbox_problem(level: Isolation) -> str | None:
         "none": "",
     }
     return "; ".join(p for p in (said or f"exit status {outcome.returncode}", hints[level]) if p)
-
-
-def weakness(level: Isolation) -> str:
-    """What `level` leaves open on this kernel ("" for namespaces)."""
-    if level == "namespaces":
-        return ""
-    abi = _landlock_abi()
-    if abi == 0:
-        files = f"{FILES_OPEN[level]}, as this kernel has no Landlock"
-    else:
-        files = (
-            "Landlock lets it read only the system folders and the interpreter, use four "
-            "devices and write only its scratch folder"
-        )
-    if level == "none" and abi < 6:
-        files += "; it can signal this user's processes (Landlock ABI < 6)"
-    return f"{WARNINGS[level]}; {files}"
-
-
-def unavailable_message(level: Isolation, problem: str) -> str:
-    """The error for a level that cannot run: what is missing and how to ask for less."""
-    below = LEVELS[LEVELS.index(level) + 1 :]
-    options = [WEAKER[w] for w in below if w != "uid" or os.geteuid() == 0]
-    weaker = f"; or accept weaker isolation explicitly: {' or '.join(options)}" if options else ""
-    return f"python sandbox level {level!r} is unavailable here: {problem}. Fix that{weaker}"
-
-
-def _failure_reason(outcome: _Outcome, limits: SandboxLimits) -> tuple[str | None, str | None]:
-    """(reason shown to the model, killed_by) for a failed run; (None, None) for success."""
-    if outcome.stopped_by == "timeout":
-        return f"timed out after {limits.timeout_s:g}s; the process was killed", "timeout"
-    if outcome.stopped_by is not None:
-        return f"{outcome.stop_reason}; the call was killed", outcome.stopped_by
-    code = outcome.returncode
-    assert code is not None
-    # The launcher reports a signal death as 128 + signal (the shell convention).
-    number = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else None
-    if number is not None:
-        name = signal.Signals(number).name if number in signal.valid_signals() else str(number)
-        hint = {
-            "SIGXCPU": f" (CPU time limit {limits.cpu_seconds}s)",
-            "SIGKILL": " (often a resource limit)",
-            "SIGXFSZ": f" (file size limit {limits.file_mb}MB)",
-        }.get(name, "")
-        return f"killed by {name}{hint}", name
-    if code == SETUP_FAILED_EXIT and SETUP_MARKER.encode() in outcome.output:
-        return "the sandbox failed to start", None
-    return (f"exit code {code}", None) if code != 0 else (None, None)
-
-
-class PythonTool(BaseTool):
-    """Runs a Python program in a sandbox and returns its merged stdout/stderr.
-
-    At level "namespaces" (the default) the program sees only a read-only /usr, the
-    interpreter's prefix, four /dev nodes and a tmpfs /sandbox (its cwd and HOME); /etc, /proc,
-    /home, /root, /tmp and the repo do not exist for it. It runs in new pid/net/mount/ipc/uts
-    namespaces as a fresh uid (as root) or as the capability-less root of its own user namespace
-    (otherwise), under rlimits (address space, CPU, processes, file size, open files),
-    no_new_privs and a seccomp filter that refuses network sockets, memfd, SysV and POSIX IPC
-    and kernel keys (memory no walk of the call would see); the host kills the call when all
-    its processes together use more than `memory_mb`. A level that cannot run here
-    raises `SandboxUnavailable` at construction: "uid" and "none" (see `weakness`) run only when
-    asked for by name.
-    """
-
-    name = "python"
-    description = (
-        "Run a Python 3 program and get its printed output. No network, no files outside the "
-        "working directory; each call starts fresh. print() the results you need."
-    )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "code": {
-                "type": "string",
-                "description": "A complete Python program; print() what you want to see.",
-                "maxLength": MAX_CODE_CHARS,
-            }
-        },
-        "required": ["code"],
-        "additionalProperties": False,
-    }
-
-    def __init__(
-        self,
-        timeout_s: float = 5.0,
-        memory_mb: int = 256,
-        cpu_s: int | None = None,
-        max_processes: int = 16,
-        max_output_chars: int = 8192,
-        file_mb: int = 16,
-        scratch_mb: int = 64,
-        open_files: int = 64,
-        isolation: Isolation = "namespaces",
-    ) -> None:
-        super().__init__()
-        self.limits = SandboxLimits(
-            timeout_s,
-            memory_mb,
-            cpu_s,
-            max_processes,
-            max_output_chars,
-            file_mb,
-            scratch_mb,
-            open_files,
-        )
-        if isolation not in LEVELS:
-            raise ValueError(f"isolation={isolation!r}: use one of {', '.join(LEVELS)}")
-        problem = sandbox_problem(isolation)
-        if problem is not None:
-            raise SandboxUnavailable(unavailable_message(isolation, problem))
-        self.isolation: Isolation = isolation
-
-    @property
-    def time_limit_s(self) -> float:  # type: ignore[override]
-        """The sandbox's own wall-clock limit: the env waits longer, so its report comes back."""
-        return self.limits.timeout_s
-
-    def execute(self, arguments: dict[str, Any]) -> ToolResult:
-        try:
-            outcome, description = run_sandboxed(arguments["code"], self.isolation, self.limits)
-        except Exception as exc:  # spawning failed (fds, disk): an observation, not a crash
-            return ToolResult(text=f"Error: could not run the program: {exc}", error=True)
-        return self._result(outcome, description)
-
-    def _result(self, outcome: _Outcome, description: str) -> ToolResult:
-        text = outcome.output.decode("utf-8", "replace")
-        shown = min(len(text), self.limits.output_chars)
-        truncated = outcome.total_bytes > len(outcome.output) or len(text) > shown
-        if truncated:
-            text = (
-                f"{text[:shown]}\n[output truncated: {outcome.total_bytes} bytes, "
-                f"showing the first {shown} characters]"
-            )
-        reason, killed_by = _failure_reason(outcome, self.limits)
-        if reason is not None:
-            text = f"Error: {reason}\n{text}".rstrip()
-        elif not text.strip():
-            text = "(no output; print() the values you need)"
-        info: dict[str, Any] = {
-            "exit_code": None if killed_by else outcome.returncode,
-            "timed_out": outcome.stopped_by == "timeout",
-            "killed_by": killed_by,
-            "truncated": truncated,
-            "output_bytes": outcome.total_bytes,
-            "sandbox": f"{self.isolation}: {description}",
-        }
-        if self.isolation != "namespaces":
-            info["sandbox_warning"] = weakness(self.isolation)
-        return ToolResult(text=text, error=reason is not None, info=info)
