@@ -15,7 +15,7 @@ class RewardTerm(Section):
     """One named reward function and its weight."""
 
     name: str = Field(
-        description="Reward name from agent_core.rewards.scoring.REWARDS, or "
+        description="Reward name from agent_core.rewards.terms.REWARDS, or "
         "'package.module:function'."
     )
     weight: float = Field(1.0, description="Multiplier applied to the function's value.")

@@ -107,7 +107,7 @@ def check_context(cls: type[AgentEnv], name: str, context: str | dict[str, Any])
 def check_reward_terms(cls: type[AgentEnv], name: str) -> None:
     """The env's default reward terms (used when reward.terms is unset) name known rewards."""
     from agent_core.core.registry import UnknownNameError
-    from agent_core.rewards.scoring import reward_fn
+    from agent_core.rewards.terms import reward_fn
 
     for term, _ in cls.reward_terms:
         try:

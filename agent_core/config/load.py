@@ -299,7 +299,7 @@ def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     from agent_core.algorithms.advantages import ESTIMATORS
     from agent_core.config import env_contract as contract
     from agent_core.core.registry import resolve
-    from agent_core.rewards.scoring import reward_fn
+    from agent_core.rewards.terms import reward_fn
 
     terms = config.reward.terms
     checks: list[tuple[str, Callable[[], Any]]] = []

@@ -29,7 +29,7 @@ from agent_core.config.load import (
 )
 from agent_core.core.registry import is_plugin, plugin
 from agent_core.prompting.context import make_context_policy
-from agent_core.rewards.scoring import reward_fn
+from agent_core.rewards.terms import reward_fn
 
 
 def _command_configs(marker: Path) -> dict[str, list[str]]:

@@ -16,7 +16,8 @@ from agent_core.config.load import load_config
 from agent_core.core.records import Action
 from agent_core.core.registry import resolve
 from agent_core.envs import make_env, make_tasks
-from agent_core.rewards.scoring import configured_terms, reward_fn
+from agent_core.rewards.scoring import configured_terms
+from agent_core.rewards.terms import reward_fn
 from tests.conftest import REPO
 
 PAGE = REPO / "docs" / "extending.md"

@@ -18,7 +18,8 @@ from agent_core.models import build_byte_tokenizer
 from agent_core.rewards.judge import judge_trajectories
 from agent_core.rewards.judge_engines import judge_engines
 from agent_core.rewards.judge_replies import parse_group_scores, parse_score
-from agent_core.rewards.scoring import REWARDS, score_steps
+from agent_core.rewards.scoring import score_steps
+from agent_core.rewards.terms import REWARDS
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JudgeTerm

@@ -8,7 +8,7 @@ import pytest
 from agent_core.core.records import Action, Step, Task
 from agent_core.envs import make_env
 from agent_core.envs.qa import RETRY_TEXT, QAEnv
-from agent_core.rewards.scoring import answer_match, answer_text_format
+from agent_core.rewards.terms import answer_match, answer_text_format
 from agent_core.text.answers import answers_match
 
 
