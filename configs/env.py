@@ -111,7 +111,8 @@ class EnvSection(Section):
         default_factory=dict,
         description="Keyword arguments for the env's make_task(seed, **task_options): the "
         "parameters of its task distribution (e.g. {size: 12} for numberline's line length). "
-        "Checked against make_task's signature at load.",
+        "Checked against make_task's signature at load. A make_task parameter named split is "
+        "steprl's own: it receives 'train' or 'eval' (held-out), never a task option.",
     )
     tasks: TaskFileSection | None = Field(
         None,

@@ -19,7 +19,7 @@ def iteration_tasks(cfg: RunConfig, iteration: int) -> list[Task]:
 
 def train_tasks(cfg: RunConfig, stream: int, count: int) -> list[Task]:
     """`count` distinct training-range tasks from seed stream `stream` (an iteration, or -1
-    for warm-up demonstrations)."""
+    for warm-up demonstrations); a make_task with a `split` parameter is told 'train'."""
     rng = random.Random(cfg.run.seed * 1_000_003 + stream)
     env = cfg.env
     if env.tasks is not None:
@@ -28,4 +28,4 @@ def train_tasks(cfg: RunConfig, stream: int, count: int) -> list[Task]:
         range(env.train_seed_start, env.train_seed_start + env.train_seed_count),
         min(count, env.train_seed_count),
     )
-    return make_tasks(env.name, seeds, env.task_options)
+    return make_tasks(env.name, seeds, env.task_options, split="train")

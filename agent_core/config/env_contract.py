@@ -1,7 +1,7 @@
 """An env class checked against what steprl will call it with: its constructor (max_steps,
-few_shot, its tools' settings, env.kwargs), `make_task(seed, **env.task_options)`, `reset` and
-the context policy. Each problem is a ValueError naming the env and the parameter, raised at
-config load instead of a TypeError at the first rollout.
+few_shot, its tools' settings, env.kwargs), `make_task(seed, [split,] **env.task_options)`,
+`reset` and the context policy. Each problem is a ValueError naming the env and the parameter,
+raised at config load instead of a TypeError at the first rollout.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_core.envs import constructor_arguments
-from agent_core.envs.base import AgentEnv
+from agent_core.envs.base import AgentEnv, make_task_takes_split
 
 # Constructor keywords that config fields of their own set (never env.kwargs).
 OWN_FIELDS = {"max_steps": "env.max_steps", "few_shot": "env.few_shot", "context": "env.context"}
@@ -70,8 +70,17 @@ def check_constructor(
 
 
 def check_task_options(cls: type[AgentEnv], name: str, task_options: dict[str, Any]) -> None:
-    """`make_task(seed, **task_options)` binds: no unknown option, no required one left out."""
-    unknown, missing, accepted = _fit(cls.make_task, set(task_options), 1)
+    """`make_task(seed, **task_options)` binds: no unknown option, no required one left out;
+    `split`, when make_task takes it, comes from steprl and never from task_options."""
+    given = set(task_options)
+    if make_task_takes_split(cls):
+        if "split" in task_options:
+            raise ValueError(
+                f"env {name!r}: make_task's 'split' is passed by steprl ('train' for training "
+                "and warm-up tasks, 'eval' for held-out ones), not by env.task_options: remove it"
+            )
+        given.add("split")
+    unknown, missing, accepted = _fit(cls.make_task, given, 1)
     if unknown:
         raise ValueError(
             f"env {name!r}: make_task takes no option {unknown[0]!r}: use one of "

@@ -7,7 +7,7 @@ from typing import Any
 
 from agent_core.core.records import Task
 from agent_core.core.registry import resolve_subclass
-from agent_core.envs.base import AgentEnv
+from agent_core.envs.base import AgentEnv, TaskSplit, make_task_takes_split
 from agent_core.envs.calculator import CalculatorEnv
 from agent_core.envs.code import CodeEnv
 from agent_core.envs.numberline import NumberLineEnv
@@ -81,10 +81,15 @@ def make_env(
     return env
 
 
-def make_tasks(name: str, seeds: list[int], task_options: dict[str, Any]) -> list[Task]:
-    """The env's task instances for `seeds`: `make_task(seed, **env.task_options)`."""
+def make_tasks(
+    name: str, seeds: list[int], task_options: dict[str, Any], split: TaskSplit
+) -> list[Task]:
+    """The env's task instances for `seeds`: `make_task(seed, **env.task_options)`, plus
+    `split=split` when its make_task has a `split` parameter (an env without one is called as
+    before)."""
     cls = env_class(name)
-    return [cls.make_task(seed, **task_options) for seed in seeds]
+    options = {**task_options, "split": split} if make_task_takes_split(cls) else task_options
+    return [cls.make_task(seed, **options) for seed in seeds]
 
 
 __all__ = [
@@ -95,6 +100,7 @@ __all__ = [
     "NumberLineEnv",
     "QAEnv",
     "SearchEnv",
+    "TaskSplit",
     "ToolEnv",
     "constructor_arguments",
     "env_class",

@@ -1,8 +1,9 @@
 """The environment contract: `AgentEnv.reset(task[, rng]) -> Observation`, `step(action) ->
 StepResult`, and the message history that the configured context policy selects from.
 
-An env also knows its task distribution (`make_task(seed, **task_options)`) and may expose
-`anchor_key()`, a hashable summary of its current state for step-level grouping (GiGPO).
+An env also knows its task distribution (`make_task(seed, **task_options)`, told the split
+when it takes one) and may expose `anchor_key()`, a hashable summary of its current state for
+step-level grouping (GiGPO).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import inspect
 import random
 from abc import ABC, abstractmethod
 from functools import cache
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from agent_core.core.records import Action, Message, Observation, Step, StepResult, Task
 from agent_core.prompting.context import ContextPolicy, ContextServices, FullHistory
+
+#: which tasks `make_task` makes: training (and warm-up) tasks, or held-out evaluation ones
+TaskSplit = Literal["train", "eval"]
 
 
 class AgentEnv(ABC):
@@ -43,7 +47,9 @@ class AgentEnv(ABC):
     @abstractmethod
     def make_task(cls, seed: int) -> Task:
         """The task instance for `seed` (deterministic: same seed, same task). Keyword
-        parameters after `seed` receive `env.task_options` from the config."""
+        parameters after `seed` receive `env.task_options` from the config; a parameter named
+        `split`, when there is one, receives 'train' (training and warm-up tasks) or 'eval'
+        (held-out evaluation), so held-out content can be kept apart by split, not seed."""
 
     @abstractmethod
     def reset(self, task: Task, rng: random.Random | None = None) -> Observation:
@@ -101,3 +107,11 @@ class AgentEnv(ABC):
 @cache
 def _reset_takes_rng(cls: type[AgentEnv]) -> bool:
     return "rng" in inspect.signature(cls.reset).parameters
+
+
+@cache
+def make_task_takes_split(cls: type[AgentEnv]) -> bool:
+    """Whether the env's `make_task` has a `split` keyword (then steprl passes it)."""
+    param = inspect.signature(cls.make_task).parameters.get("split")
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return param is not None and param.kind in named

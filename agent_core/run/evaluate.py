@@ -45,13 +45,13 @@ class EvalOutcome(BaseModel):
 
 def eval_tasks(cfg: RunConfig) -> list[Task]:
     """The first `eval.episodes` held-out tasks (never a training seed: config validation
-    keeps the two seed ranges disjoint)."""
+    keeps the two seed ranges disjoint; a make_task with a `split` parameter is told 'eval')."""
     env = cfg.env
     if env.tasks is not None:
         return held_out_tasks(env.tasks, cfg.eval.episodes)
     count = min(cfg.eval.episodes, env.eval_seed_count)
     seeds = [env.eval_seed_start + i for i in range(count)]
-    return make_tasks(env.name, seeds, env.task_options)
+    return make_tasks(env.name, seeds, env.task_options, split="eval")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

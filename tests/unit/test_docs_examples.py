@@ -1,5 +1,5 @@
-"""The extension snippets of docs/extending.md work as written: a tool, two envs, a reward,
-an estimator, and the configs that name them."""
+"""The extension snippets of docs/extending.md work as written: a tool, the envs (one keeping
+held-out content by split), a reward, an estimator, and the configs that name them."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from agent_core.algorithms import AdvantageOptions, StepArrays
+from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.config.load import load_config
 from agent_core.core.records import Action
 from agent_core.core.registry import resolve
 from agent_core.envs import make_env, make_tasks
 from agent_core.rewards.scoring import configured_terms
 from agent_core.rewards.terms import reward_fn
+from agent_core.run.evaluate import eval_tasks
 from tests.conftest import REPO
 
 PAGE = REPO / "docs" / "extending.md"
@@ -28,7 +30,7 @@ MARK = "# docs-example: my_ext.py"
 def my_ext(tmp_path_factory: pytest.TempPathFactory):
     page = PAGE.read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith(MARK)]
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     folder = tmp_path_factory.mktemp("ext")
     (folder / "my_ext.py").write_text("\n".join(blocks))
     sys.path.insert(0, str(folder))
@@ -71,7 +73,7 @@ def test_guess_env_runs_with_its_config_snippet(my_ext: str) -> None:
     section = yaml.safe_load(block.group(1))["env"]
     config = load_config("smoke", [f"env.{k}={json.dumps(v)}" for k, v in section.items()])
     env_cfg = config.env
-    (task,) = make_tasks(env_cfg.name, [0], env_cfg.task_options)
+    (task,) = make_tasks(env_cfg.name, [0], env_cfg.task_options, split="train")
     assert task.meta["top"] == 20
     secrets = set()
     for seed in range(8):
@@ -98,3 +100,17 @@ def test_reward_and_estimator(my_ext: str) -> None:
     arrays = StepArrays.from_columns(["g", "g"], ["a", "b"], [0, 0], [1.0, 0.0])
     result = estimator(arrays, AdvantageOptions())
     np.testing.assert_allclose(result.advantages, [0.5, -0.5])
+
+
+@pytest.mark.parametrize("eval_start", [10_000_000, 2_000_001])
+def test_held_out_content_stays_held_out_by_split(my_ext: str, eval_start: int) -> None:
+    from my_ext import CAPITALS
+
+    overrides = ["env.name=my_ext:CapitalEnv", "env.max_steps=1", "eval.episodes=4"]
+    cfg = load_config("smoke", [*overrides, f"env.eval_seed_start={eval_start}"])
+    countries = {
+        split: {t.prompt.removeprefix("The capital of ").rstrip("?") for t in tasks}
+        for split, tasks in (("train", iteration_tasks(cfg, 0)), ("eval", eval_tasks(cfg)))
+    }
+    assert countries["eval"] == {country for country, _ in CAPITALS["eval"]}
+    assert countries["train"] <= {country for country, _ in CAPITALS["train"]}
