@@ -1,4 +1,5 @@
-"""The extension snippets of docs/extending.md work as written: a tool, the envs (one keeping
+"""The extension snippets of docs/extending.md work as written: a tool, the envs (one with a
+built-in tool and worked examples, one whose tool serves each task's data, one keeping
 held-out content by split), a reward, an estimator, and the configs that name them."""
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import yaml
 
 from agent_core.algorithms import AdvantageOptions, StepArrays
 from agent_core.collect.iteration_tasks import iteration_tasks
+from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
 from agent_core.core.records import Action
 from agent_core.core.registry import resolve
 from agent_core.envs import make_env, make_tasks
-from agent_core.rewards.scoring import configured_terms
+from agent_core.rewards.scoring import configured_terms, group_trajectories
 from agent_core.rewards.terms import reward_fn
+from agent_core.rollout.loop import RolloutMeta
 from agent_core.run.evaluate import eval_tasks
 from tests.conftest import REPO
 
@@ -30,7 +33,7 @@ MARK = "# docs-example: my_ext.py"
 def my_ext(tmp_path_factory: pytest.TempPathFactory):
     page = PAGE.read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith(MARK)]
-    assert len(blocks) == 6
+    assert len(blocks) == 8
     folder = tmp_path_factory.mktemp("ext")
     (folder / "my_ext.py").write_text("\n".join(blocks))
     sys.path.insert(0, str(folder))
@@ -100,6 +103,46 @@ def test_reward_and_estimator(my_ext: str) -> None:
     arrays = StepArrays.from_columns(["g", "g"], ["a", "b"], [0, 0], [1.0, 0.0])
     result = estimator(arrays, AdvantageOptions())
     np.testing.assert_allclose(result.advantages, [0.5, -0.5])
+
+
+def _solver_episodes(env: str, tokenizer, tasks: int = 6):
+    """The env's solver played through steprl's loop (one episode per task, all at once)."""
+    cfg = load_config("smoke", [f"env.name=my_ext:{env}", "env.max_steps=3"])
+    loop = make_loop(cfg, None, seed=0, tokenizer=tokenizer)
+    chosen = make_tasks(cfg.env.name, list(range(tasks)), cfg.env.task_options, split="train")
+    steps, _ = loop.run(chosen, 1, RolloutMeta("docs", 0, 0, env), solver=True)
+    return chosen, list(group_trajectories(steps).values())
+
+
+def test_builtin_tool_with_worked_examples(my_ext: str, tiny_tokenizer) -> None:
+    from my_ext import WORKED
+
+    tasks, episodes = _solver_episodes("EggsEnv", tiny_tokenizer)
+    assert all(e[-1].success for e in episodes) and len(episodes) == len(tasks)
+    for task, (call, answer) in zip(tasks, episodes, strict=True):
+        assert call.feedback_text == str(task.answer)  # the built-in calculator computed it
+        assert answer.response_text == f"Answer: {task.answer}"
+    shown = [m["content"] for m in WORKED]
+    for few_shot, expected in ((True, shown), (False, [])):
+        cfg = load_config("smoke", ["env.name=my_ext:EggsEnv", f"env.few_shot={few_shot}"])
+        env = make_env(cfg.env.name, 3, cfg.env.few_shot, cfg.env.kwargs)
+        obs = env.reset(type(env).make_task(0))
+        assert [m["content"] for m in obs.messages[1:-1]] == expected  # system, examples, task
+        assert [t["function"]["name"] for t in obs.tools] == ["calculator"]
+
+
+def test_tool_serves_each_tasks_own_data(my_ext: str, tiny_tokenizer) -> None:
+    tasks, episodes = _solver_episodes("ShopEnv", tiny_tokenizer, tasks=12)
+    assert len({json.dumps(t.meta["prices"], sort_keys=True) for t in tasks}) > 1
+    assert len({t.answer for t in tasks}) > 1
+    for task, (lookup, answer) in zip(tasks, episodes, strict=True):  # episodes ran at once
+        assert lookup.feedback_text == str(task.answer)  # this task's price, not another's
+        assert answer.success
+    env = make_env("my_ext:ShopEnv", max_steps=3, few_shot=False, kwargs={})
+    env.reset(tasks[0])
+    call = '<tool_call>{"name": "price", "arguments": {"item": "caviar"}}</tool_call>'
+    result = env.step(Action(text=call))
+    assert "no item 'caviar' here" in result.feedback and not result.done
 
 
 @pytest.mark.parametrize("eval_start", [10_000_000, 2_000_001])
