@@ -24,6 +24,17 @@ console = Console(stderr=True)
 
 CONFIG_HELP = "Preset name (configs/<name>.yaml) or a YAML file."
 SET_HELP = "Override a config field, e.g. --set trainer.learning_rate=1e-5 (repeatable)."
+# Prefect's error when the temporary API server a flow starts (no PREFECT_API_URL) did not answer
+# within its startup timeout: a fresh Prefect home or a busy machine, most often the first run.
+PREFECT_START_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
+PREFECT_START_FIX = (
+    "Prefect's temporary API server did not start within "
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (20 s by default; slowest on a fresh "
+    "Prefect home or a busy machine). Raise it and run again:\n"
+    "  export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120\n"
+    "or run against a Prefect server that is already up (prefect server start; then set "
+    "PREFECT_API_URL)."
+)
 
 
 def _config(config: str, overrides: list[str]) -> RunConfig:
@@ -58,11 +69,17 @@ class RichProgress:
 
 
 def _with_progress(fn, *args):
+    """Run a flow with progress bars; a Prefect start that timed out ends with its fix."""
     sink = RichProgress()
     progress_hooks.set_sink(sink)
     try:
         with sink.bars:
             return fn(*args)
+    except RuntimeError as exc:
+        if PREFECT_START_TIMEOUT not in str(exc):
+            raise
+        console.print(f"{exc}\n\n{PREFECT_START_FIX}", style="red", markup=False)
+        raise typer.Exit(1) from None
     finally:
         progress_hooks.set_sink(None)
 
