@@ -33,7 +33,7 @@ from offline import DEFAULT_MODEL, SMOKE_HELP, smoke_model
 from transformers import AutoModelForCausalLM
 
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.engines.prefill import common_prefix
@@ -135,7 +135,7 @@ def flops_per_token(config, context: float) -> float:
 
 def episodes(tokenizer, batch: int) -> list[list[int]]:
     """`batch` first-turn prompts: batch / GROUP calculator tasks, GROUP episodes each."""
-    flow = AgentFlow(tokenizer, "none")
+    flow = PromptRenderer(tokenizer, "none")
     tasks = max(1, batch // GROUP)
     prompts = [flow.encode(CalculatorEnv().reset(CalculatorEnv.make_task(i))) for i in range(tasks)]
     return [prompts[i * tasks // batch] for i in range(batch)]

@@ -71,13 +71,13 @@ def main() -> None:
     if not prepare(args):
         return
     from agent_core.core.records import Observation
-    from agent_core.prompting.renderer import AgentFlow
+    from agent_core.prompting.renderer import PromptRenderer
     from agent_core.rollout.engines.hf import HFRolloutEngine
     from agent_core.serving.policy_server import ServerThread, build_app
     from agent_core.serving.service import PolicyService, ServerSettings
 
     engine = HFRolloutEngine(args.model, threads=args.threads)
-    flow = AgentFlow(engine.tokenizer)
+    flow = PromptRenderer(engine.tokenizer)
     settings = ServerSettings(batch_window_s=args.window_s, max_batch=256)
     service = PolicyService(engine, engine.tokenizer, settings)
     print(f"model {args.model.name}, {args.requests} requests per client, "

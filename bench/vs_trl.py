@@ -1,6 +1,6 @@
 """steprl vs TRL's GRPOTrainer: wall time per GRPO iteration on the same single-turn task.
 
-Task: the calculator env's first turn (few-shot prompt, rendered by steprl's AgentFlow) as a
+Task: the calculator env's first turn (few-shot prompt, rendered by steprl's PromptRenderer) as a
 single-turn prompt; reward = answer match (1 for the right 'Answer: N' without a tool call)
 - 0.01 x completion tokens. Same SmolLM2-135M folder, 4 prompts x 4 completions, 32 new
 tokens, temperature 0.7, one optimizer step per iteration over 2 micro-batches of 8, lr 5e-6,
@@ -110,10 +110,10 @@ def prompts(cfg, iterations: int) -> tuple[list[str], list[float]]:
 
     from agent_core.collect.iteration_tasks import iteration_tasks
     from agent_core.envs import make_env
-    from agent_core.prompting.renderer import AgentFlow
+    from agent_core.prompting.renderer import PromptRenderer
 
     e = cfg.env
-    flow = AgentFlow(AutoTokenizer.from_pretrained(cfg.model.path), e.tool_prompt)
+    flow = PromptRenderer(AutoTokenizer.from_pretrained(cfg.model.path), e.tool_prompt)
     texts, answers = [], []
     for k in range(1, iterations + 1):
         for task in iteration_tasks(cfg, k):

@@ -13,8 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agent_core.config.load import ConfigError, RunConfig, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import ConfigError
 from agent_core.core import progress as progress_hooks
+from configs.run_config import RunConfig
 
 if TYPE_CHECKING:
     from flows.train import TrainSummary

@@ -23,8 +23,14 @@ from pathlib import Path
 from prefect import serve
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from agent_core.config.deployment import read_roots, shown_roots, write_roots
-from agent_core.config.load import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, load_config
+from agent_core.config.deployment import (
+    DEPLOYMENT_LIMITS_ENV,
+    DeploymentLimits,
+    read_roots,
+    shown_roots,
+    write_roots,
+)
+from agent_core.config.load import load_config
 from agent_core.core.registry import is_module_name
 from agent_core.serving.gate import LOOPBACK_NAMES, WILDCARD_BINDS, is_loopback, server_names
 from flows.evaluate import evaluate

@@ -12,11 +12,9 @@ import sys
 from prefect import flow, runtime
 from pydantic import BaseModel, Field
 
-from agent_core.config.load import (
-    RunConfig,
-    check_config,
-    deployment_limits,
-)
+from agent_core.config.deployment import deployment_limits
+from agent_core.config.load import check_config
+from configs.run_config import RunConfig
 from tasks.evaluate import evaluate_policy
 from tasks.iteration import (
     collect_rollouts,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from agent_core.envs import env_class, make_env
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout import build
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop
@@ -46,5 +46,5 @@ def make_loop(
     )
     if env.agent is not None and engine is not None:
         return agent_function_loop(cfg, engine, factory, sampling)
-    flow = AgentFlow(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
+    flow = PromptRenderer(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
     return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)

@@ -10,10 +10,79 @@ import os
 import re
 from pathlib import Path
 
-from agent_core.config.load import SHIPPED_DATA, ConfigError, DeploymentLimits
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_core.config.presets import SHIPPED_DATA, ConfigError
+from agent_core.run.evaluate import checkpoint_folder
 from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import RunConfig
 from configs.search import SearchToolOptions
+
+# Set by `steprl serve` in the process that executes deployment runs (its children inherit
+# it); a run's parameters cannot reach it, and without it a deployment run gets no extras.
+DEPLOYMENT_LIMITS_ENV = "STEPRL_DEPLOYMENT_LIMITS"
+
+
+HOW_TO_ALLOW_MODULE = (
+    "a deployment run (Prefect UI, API, schedule) resolves steprl's own names and the modules "
+    "`steprl serve` was started with: restart it with `--allow-module {module}` to allow it"
+)
+
+
+class DeploymentLimits(BaseModel):
+    """What a deployment run may name beyond steprl's own names and shipped data, as the
+    person starting `steprl serve` said (never the run's parameters, which anyone with the
+    Prefect UI or API sets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    modules: tuple[str, ...] = Field(
+        (),
+        description="Modules (with their submodules) whose 'module:attribute' names a "
+        "deployment run may import (`steprl serve --allow-module`); none = steprl's own names.",
+    )
+    data_roots: tuple[str, ...] = Field(
+        (),
+        description="Folders a deployment run may read task files, model folders, corpora "
+        "and demonstrations under (`steprl serve --data-root`), besides the shipped "
+        "configs/data, `runs_root` and `models_root`.",
+    )
+    runs_root: str = Field(
+        "runs",
+        description="The folder deployment runs write under (run.output_dir must be in it) "
+        "and may read checkpoints from: `runs` of the folder `steprl serve` started in.",
+    )
+    models_root: str = Field(
+        ".models",
+        description="The prepared models folder (`make setup-model`): deployment runs may "
+        "read model folders and create generated models under it.",
+    )
+    pythons: tuple[str, ...] = Field(
+        (),
+        description="The Pythons a deployment run may start vLLM with (rollout.vllm.python): "
+        "the `make vllm-env` one when it existed as `steprl serve` started, and each "
+        "`--allow-python`; none = rollout.engine=vllm is refused.",
+    )
+    key_envs: tuple[str, ...] = Field(
+        (),
+        description="Environment variables a deployment run may send to a policy server as "
+        "its key (rollout.remote.api_key_env; `steprl serve --allow-key-env`); none = no key.",
+    )
+
+
+def deployment_limits() -> DeploymentLimits:
+    """The limits `steprl serve` set for this process's deployment runs; none set = the
+    narrowest (steprl's own names, shipped data), so a run started elsewhere fails closed."""
+    raw = os.environ.get(DEPLOYMENT_LIMITS_ENV)
+    if not raw:
+        return DeploymentLimits()
+    try:
+        return DeploymentLimits.model_validate_json(raw)
+    except ValidationError:
+        raise ConfigError(
+            f"{DEPLOYMENT_LIMITS_ENV} is malformed: restart `steprl serve` (it sets it)"
+        ) from None
+
 
 __all__ = ["check_checkpoint", "path_problems", "read_roots", "shown_roots", "write_roots"]
 
@@ -210,7 +279,6 @@ def _unsafe_vllm_args(args: list[str]) -> str | None:
 def check_checkpoint(config: RunConfig, spec: str, limits: DeploymentLimits) -> None:
     """Refuse the `evaluate` flow's checkpoint when its folder is outside the folders a
     deployment run may read ('base' is model.path, checked with the config)."""
-    from agent_core.run.evaluate import checkpoint_folder
 
     if spec == "base":
         return

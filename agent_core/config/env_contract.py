@@ -10,8 +10,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from agent_core.core.registry import UnknownNameError
 from agent_core.envs import constructor_arguments
 from agent_core.envs.base import AgentEnv, make_task_takes_split
+from agent_core.rewards.terms import reward_fn
 
 # Constructor keywords that config fields of their own set (never env.kwargs).
 OWN_FIELDS = {"max_steps": "env.max_steps", "few_shot": "env.few_shot", "context": "env.context"}
@@ -115,8 +117,6 @@ def check_context(cls: type[AgentEnv], name: str, context: str | dict[str, Any])
 
 def check_reward_terms(cls: type[AgentEnv], name: str) -> None:
     """The env's default reward terms (used when reward.terms is unset) name known rewards."""
-    from agent_core.core.registry import UnknownNameError
-    from agent_core.rewards.terms import reward_fn
 
     for term, _ in cls.reward_terms:
         try:

@@ -11,37 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from agent_core.algorithms.advantages import ESTIMATORS, check_estimator_needs
+from agent_core.config import env_contract as contract
+from agent_core.config.deployment import (
+    HOW_TO_ALLOW_MODULE,
+    DeploymentLimits,
+    check_checkpoint,
+    path_problems,
+)
+from agent_core.config.presets import ConfigError, preset_path
+from agent_core.core.registry import ModuleAllowlist, UnknownNameError, only_modules, resolve
+from agent_core.envs import AgentEnv, ToolEnv, env_class
+from agent_core.envs.task_file import open_task_file
+from agent_core.models import is_model_folder
+from agent_core.prompting.context import make_context_policy
+from agent_core.rewards.terms import reward_fn
+from agent_core.tools import make_tool, tool_class
 from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import TERM_KINDS, RunConfig
-
-__all__ = [
-    "ConfigError",
-    "DeploymentLimits",
-    "RunConfig",
-    "check_config",
-    "config_from_dict",
-    "deployment_limits",
-    "load_config",
-]
-
-
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
-
-
-SHIPPED_DATA = PRESETS_DIR / "data"
-
-
-# Set by `steprl serve` in the process that executes deployment runs (its children inherit
-# it); a run's parameters cannot reach it, and without it a deployment run gets no extras.
-DEPLOYMENT_LIMITS_ENV = "STEPRL_DEPLOYMENT_LIMITS"
-
-
-HOW_TO_ALLOW_MODULE = (
-    "a deployment run (Prefect UI, API, schedule) resolves steprl's own names and the modules "
-    "`steprl serve` was started with: restart it with `--allow-module {module}` to allow it"
-)
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -58,79 +47,6 @@ _ConfigLoader.add_implicit_resolver(
 
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader subclass: no object tags
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message lists each bad field and its fix."""
-
-
-class DeploymentLimits(BaseModel):
-    """What a deployment run may name beyond steprl's own names and shipped data, as the
-    person starting `steprl serve` said (never the run's parameters, which anyone with the
-    Prefect UI or API sets)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    modules: tuple[str, ...] = Field(
-        (),
-        description="Modules (with their submodules) whose 'module:attribute' names a "
-        "deployment run may import (`steprl serve --allow-module`); none = steprl's own names.",
-    )
-    data_roots: tuple[str, ...] = Field(
-        (),
-        description="Folders a deployment run may read task files, model folders, corpora "
-        "and demonstrations under (`steprl serve --data-root`), besides the shipped "
-        "configs/data, `runs_root` and `models_root`.",
-    )
-    runs_root: str = Field(
-        "runs",
-        description="The folder deployment runs write under (run.output_dir must be in it) "
-        "and may read checkpoints from: `runs` of the folder `steprl serve` started in.",
-    )
-    models_root: str = Field(
-        ".models",
-        description="The prepared models folder (`make setup-model`): deployment runs may "
-        "read model folders and create generated models under it.",
-    )
-    pythons: tuple[str, ...] = Field(
-        (),
-        description="The Pythons a deployment run may start vLLM with (rollout.vllm.python): "
-        "the `make vllm-env` one when it existed as `steprl serve` started, and each "
-        "`--allow-python`; none = rollout.engine=vllm is refused.",
-    )
-    key_envs: tuple[str, ...] = Field(
-        (),
-        description="Environment variables a deployment run may send to a policy server as "
-        "its key (rollout.remote.api_key_env; `steprl serve --allow-key-env`); none = no key.",
-    )
-
-
-def deployment_limits() -> DeploymentLimits:
-    """The limits `steprl serve` set for this process's deployment runs; none set = the
-    narrowest (steprl's own names, shipped data), so a run started elsewhere fails closed."""
-    raw = os.environ.get(DEPLOYMENT_LIMITS_ENV)
-    if not raw:
-        return DeploymentLimits()
-    try:
-        return DeploymentLimits.model_validate_json(raw)
-    except ValidationError:
-        raise ConfigError(
-            f"{DEPLOYMENT_LIMITS_ENV} is malformed: restart `steprl serve` (it sets it)"
-        ) from None
-
-
-def preset_path(name_or_path: str | Path) -> Path:
-    """A YAML file path, or the preset `configs/<name>.yaml` for a bare name."""
-    path = Path(name_or_path)
-    if path.suffix in {".yaml", ".yml"} or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        return path
-    preset = PRESETS_DIR / f"{name_or_path}.yaml"
-    if not preset.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown preset {name_or_path!r}: choose one of {known} or give a path")
-    return preset
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -222,8 +138,6 @@ def check_config(
     'module:attribute' names outside `limits.modules` are refused before anything is
     imported, and files, folders and executables outside what `agent_core.config.deployment`
     allows before they are opened or started (also the `evaluate` flow's `checkpoint`)."""
-    from agent_core.config.deployment import check_checkpoint
-    from agent_core.core.registry import ModuleAllowlist, only_modules
 
     allowed = ModuleAllowlist(limits.modules, HOW_TO_ALLOW_MODULE) if limits else None
     with only_modules(allowed) if allowed else nullcontext():
@@ -237,8 +151,6 @@ def check_config(
 def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
     """One '  field: message' line per failed check; a deployment run's refused paths first,
     and no check that would read one of them runs."""
-    from agent_core.config.deployment import path_problems
-    from agent_core.core.registry import UnknownNameError
 
     refused = path_problems(config, limits) if limits is not None else []
     problems = [f"  {field}: {message}" for field, message in [*refused, *_size_problems(config)]]
@@ -257,11 +169,6 @@ def _problems(config: RunConfig, limits: DeploymentLimits | None) -> list[str]:
 
 def _env_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     """(field, check) for the env: its name, context, constructor, tasks, tools; the model."""
-    from agent_core.config import env_contract as contract
-    from agent_core.core.registry import resolve
-    from agent_core.envs import env_class
-    from agent_core.prompting.context import make_context_policy
-    from agent_core.tools import make_tool, tool_class
 
     env = config.env
     constructed = (env.kwargs, env.tool_options.model_dump())
@@ -296,10 +203,6 @@ def _env_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
 
 def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
     """(field, check) for the reward terms and the estimator."""
-    from agent_core.algorithms.advantages import ESTIMATORS
-    from agent_core.config import env_contract as contract
-    from agent_core.core.registry import resolve
-    from agent_core.rewards.terms import reward_fn
 
     terms = config.reward.terms
     checks: list[tuple[str, Callable[[], Any]]] = []
@@ -323,8 +226,6 @@ def _name_checks(config: RunConfig) -> list[tuple[str, Callable[[], Any]]]:
 
 def _known_env(config: RunConfig) -> type | None:
     """The env class, or None when its name does not resolve (reported as env.name)."""
-    from agent_core.core.registry import UnknownNameError
-    from agent_core.envs import env_class
 
     try:
         return env_class(config.env.name)
@@ -341,7 +242,6 @@ def _check_env(config: RunConfig, check: Callable[..., None], *args: Any) -> Non
 
 
 def _check_env_takes_tools(config: RunConfig) -> None:
-    from agent_core.envs import ToolEnv
 
     cls = _known_env(config)
     if config.env.tools and cls is not None and not issubclass(cls, ToolEnv):
@@ -354,7 +254,6 @@ def _check_env_takes_tools(config: RunConfig) -> None:
 def _check_task_file(config: RunConfig) -> None:
     """Open env.tasks (columns, empty cells, disjoint splits) and fit the run's sizes to its
     splits; an env without tasks of its own needs a file."""
-    from agent_core.envs.task_file import open_task_file
 
     spec = config.env.tasks
     if spec is None:
@@ -455,7 +354,6 @@ def _size_problems(config: RunConfig, memory: int | None = None) -> list[tuple[s
 
 def _check_model_folder(config: RunConfig) -> None:
     """A 'folder' model must exist now; the generated sources are created at run start."""
-    from agent_core.models import is_model_folder
 
     model = config.model
     if model.source == "folder" and not is_model_folder(model.path):
@@ -468,7 +366,6 @@ def _check_model_folder(config: RunConfig) -> None:
 
 def _check_judge_model(model: str) -> None:
     """A judge is the policy or an existing local model folder (nothing is downloaded)."""
-    from agent_core.models import is_model_folder
 
     if model != JUDGE_POLICY and not is_model_folder(model):
         raise ValueError(
@@ -489,8 +386,6 @@ def _check_relative_groups(group_size: int) -> None:
 
 def _estimator_needs(config: RunConfig) -> str | None:
     """The estimator's unmet needs (a value head, anchor states) as a message, or None."""
-    from agent_core.algorithms.advantages import check_estimator_needs
-    from agent_core.envs import AgentEnv
 
     env = _known_env(config)
     if env is None:
@@ -503,6 +398,5 @@ def _estimator_needs(config: RunConfig) -> str | None:
 
 
 def _builtin_estimators() -> set[str]:
-    from agent_core.algorithms.advantages import ESTIMATORS
 
     return set(ESTIMATORS)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_core.core.run_folder import config_file
+from agent_core.config.load import load_config
+from agent_core.core.run_folder import CHECKPOINTS, config_file, run_dir_of
 from configs.run_config import RunConfig
 
 DEFAULT_PRESET = "calculator_grpo"  # what serve-policy serves when nothing names a run
@@ -20,8 +21,6 @@ def serving_config(
     training (env.tool_prompt, rollout.max_prompt_tokens): the run folder holding a checkpoint
     folder `<run>/checkpoints/iter_k`, else the run `preset` names. `preset` (default
     calculator_grpo) alone serves a model folder of no run, or any with `run_config` off."""
-    from agent_core.config.load import load_config
-    from agent_core.core.run_folder import CHECKPOINTS, run_dir_of
 
     folder = Path(checkpoint)
     recorded = None

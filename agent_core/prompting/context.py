@@ -16,6 +16,7 @@ from typing import Any
 
 from agent_core.core.records import Message
 from agent_core.core.registry import resolve, resolve_subclass
+from agent_core.text.tool_calls import ToolCall, parse_tool_calls
 
 #: A summarizer turns messages (the task message, then the turns to fold) into a short text.
 Summarizer = Callable[[list[Message]], str]
@@ -177,7 +178,6 @@ class RuleSummarizer:
 def _describe_action(text: str) -> str:
     """`name({args})` for each tool call in `text`, else the text itself."""
     # Imported here: agent_core.envs imports this module, so a top-level import would cycle.
-    from agent_core.text.tool_calls import ToolCall, parse_tool_calls
 
     calls = parse_tool_calls(text)
     if not calls:

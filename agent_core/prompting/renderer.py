@@ -1,4 +1,4 @@
-"""`AgentFlow`: the one place that turns an observation's chat messages into prompt token ids.
+"""`PromptRenderer`: the one place that turns an observation's chat messages into prompt token ids.
 
 It applies the tokenizer's chat template, shows tool schemas (natively when the template takes
 `tools`, else as a Hermes-style block in the system message), and, when an observation only
@@ -44,7 +44,7 @@ def hermes_tools_block(tools: list[dict[str, Any]]) -> str:
     )
 
 
-class AgentFlow:
+class PromptRenderer:
     """Prompt construction over a HF tokenizer's chat template."""
 
     def __init__(self, tokenizer: Any, tool_prompt: str = "hermes") -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent_core.core.records import Observation, Step, Task
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rewards.judge_replies import parse_group_scores, parse_score
 from agent_core.rollout.engine import Generation, SamplingParams
 from configs.judge import JudgeTerm
@@ -96,7 +96,7 @@ def relative_prompt(term: JudgeTerm, task: Task, trajectories: list[list[Step]])
 
 
 def build_prompts(
-    term: JudgeTerm, trajectories: list[list[Step]], tasks: dict[str, Task], flow: AgentFlow
+    term: JudgeTerm, trajectories: list[list[Step]], tasks: dict[str, Task], flow: PromptRenderer
 ) -> list[_Prompt]:
     """Token ids of every judge prompt (rendered with the judge's chat template)."""
     if term.mode == "absolute":
@@ -128,7 +128,7 @@ def judge_trajectories(
 ) -> JudgeOutcome:
     """Score every trajectory in [0, 1] with the judge `engine` (one generate per batch)."""
     tokenizer = engine.tokenizer
-    prompts = build_prompts(term, trajectories, tasks, AgentFlow(tokenizer, "none"))
+    prompts = build_prompts(term, trajectories, tasks, PromptRenderer(tokenizer, "none"))
     params = SamplingParams(
         max_new_tokens=term.max_new_tokens, temperature=term.temperature, seed=seed
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
+from agent_core.rollout.engines.vllm_server import VLLMServer
 from configs.run_config import RunConfig
 
 Engine = HFRolloutEngine | RemoteRolloutEngine
@@ -71,7 +72,6 @@ def remote_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
 
 def vllm_engine(cfg: RunConfig, weights: Path) -> RemoteRolloutEngine:
     """A vLLM server started on `weights` (stopped when the engine closes) and its client."""
-    from agent_core.rollout.engines.vllm_server import VLLMServer
 
     v = cfg.rollout.vllm
     server = VLLMServer(v, weights, cfg.rollout.dtype, cfg.run.seed)

@@ -16,7 +16,7 @@ from agent_core.core import progress
 from agent_core.core.records import Action, Message, Observation, Step, StepResult, Task
 from agent_core.envs.base import AgentEnv
 from agent_core.prompting.context import ContextServices
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class AgentEnvLoop:
     def __init__(
         self,
         engine: RolloutEngine,
-        flow: AgentFlow,
+        flow: PromptRenderer,
         make_env: Callable[[], AgentEnv],
         sampling: SamplingParams,
         max_prompt_tokens: int,

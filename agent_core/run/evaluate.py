@@ -13,14 +13,27 @@ import numpy as np
 import polars as pl
 from pydantic import BaseModel
 
+from agent_core import live
+from agent_core.collect.loops import make_loop
+from agent_core.core.config_record import flatten
 from agent_core.core.files import atomic_write_bytes, atomic_write_text
 from agent_core.core.records import Step, Task
-from agent_core.core.run_folder import checkpoint_eval_dir, training_eval_dir
+from agent_core.core.run_folder import (
+    CHECKPOINTS,
+    LATEST,
+    checkpoint_eval_dir,
+    policy_weights,
+    run_dir_of,
+    training_eval_dir,
+)
 from agent_core.envs import make_tasks
 from agent_core.envs.task_file import held_out_tasks
+from agent_core.models import ensure_model_folder
 from agent_core.rewards.judge_engines import judge_engines
 from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
+from agent_core.rollout.build import close_engine, new_engine
 from agent_core.rollout.loop import RolloutMeta
+from agent_core.run.report import CURVE_BASELINES, CURVE_KEYS
 from configs.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -100,7 +113,7 @@ def table_metrics(table: pl.DataFrame, samples_per_task: int) -> dict[str, float
     return metrics
 
 
-def evaluate_policy(
+def evaluate_engine(
     cfg: RunConfig,
     engine: Engine,
     version: int,
@@ -108,7 +121,6 @@ def evaluate_policy(
     out_dir: Path,
 ) -> EvalOutcome:
     """Run the held-out episodes with `engine`, score them, write the table, aggregate."""
-    from agent_core.collect.loops import make_loop
 
     tasks = eval_tasks(cfg)
     loop = make_loop(
@@ -141,7 +153,6 @@ def evaluate_policy(
 def checkpoint_folder(cfg: RunConfig, spec: str) -> Path:
     """The folder of 'latest', 'iter_0003' / '3' (of the configured run) or a path; only
     the run's 'latest' pointer is read (a deployment run's folders are checked on it)."""
-    from agent_core.core.run_folder import CHECKPOINTS, LATEST, run_dir_of
 
     checkpoints = run_dir_of(cfg) / CHECKPOINTS
     if spec == "latest":
@@ -160,8 +171,6 @@ def resolve_checkpoint(cfg: RunConfig, spec: str) -> tuple[Path, int, str]:
     """(folder, policy version, label) for 'base', 'latest', 'iter_0003' / '3' (of the
     configured run), or a path to any HF model folder (version -1 when unknown)."""
     import json
-
-    from agent_core.models import ensure_model_folder
 
     model = cfg.model
     if spec == "base":
@@ -192,8 +201,7 @@ def evaluate_in_training(
     """Evaluate policy `version` of a training run (`run`: its RunHandle) and log eval/* at
     step `version` to it; with `before_warmup`, the base model as eval_base/* at step 0.
     Done once: a rerun returns the stored outcome."""
-    from agent_core import live, tracking
-    from agent_core.core.run_folder import policy_weights
+    from agent_core import tracking
 
     run_dir = Path(run.run_dir)
     label = "base" if before_warmup else f"iter_{version:04d}"
@@ -203,7 +211,7 @@ def evaluate_in_training(
         return EvalOutcome.model_validate_json(marker.read_text())
     weights = Path(run.base_model) if before_warmup else policy_weights(run, version)
     engine = live.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
-    outcome = evaluate_policy(cfg, engine, version, str(weights), out)
+    outcome = evaluate_engine(cfg, engine, version, str(weights), out)
     if before_warmup:
         renamed = {k.replace("eval/", "eval_base/", 1): v for k, v in outcome.metrics.items()}
         outcome = outcome.model_copy(update={"metrics": renamed})
@@ -211,8 +219,6 @@ def evaluate_in_training(
     artifact = f"eval/{label}_episodes.json"
     tracking.log_table(cfg.tracking, run.mlflow_run_id, Path(outcome.table_path), artifact)
     if cfg.tracking.plot_curve and not before_warmup:
-        from agent_core.run.report import CURVE_BASELINES, CURVE_KEYS
-
         tracking.log_learning_curve(cfg.tracking, run.mlflow_run_id, CURVE_KEYS, CURVE_BASELINES)
     atomic_write_text(marker, outcome.model_dump_json())
     return outcome
@@ -222,9 +228,6 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     """Evaluate any checkpoint ('base', 'latest', 'iter_k', a folder) in an MLflow run of its
     own, nested under the training run of `cfg.run.name` when that run exists."""
     from agent_core import tracking
-    from agent_core.core.config_record import flatten
-    from agent_core.core.run_folder import run_dir_of
-    from agent_core.rollout.build import close_engine, new_engine
 
     folder, version, label = resolve_checkpoint(cfg, spec)
     run_dir = run_dir_of(cfg)
@@ -244,7 +247,7 @@ def evaluate_checkpoint(cfg: RunConfig, spec: str, tags: dict[str, str]) -> Eval
     try:
         engine = new_engine(cfg, folder)
         try:
-            outcome = evaluate_policy(
+            outcome = evaluate_engine(
                 cfg, engine, version, str(folder), checkpoint_eval_dir(run_dir, label)
             )
         finally:

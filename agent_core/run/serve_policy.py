@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uvicorn
 
+from agent_core.rollout.build import hf_engine
+from agent_core.run.evaluate import resolve_checkpoint
 from agent_core.serving.gate import is_loopback
 from agent_core.serving.policy_server import build_app
 from agent_core.serving.service import PolicyService, ServerSettings
@@ -17,8 +19,6 @@ def serve_policy(
 ) -> None:
     """Serve a checkpoint of `cfg`'s run ('base', 'latest', 'iter_0003', or a model folder)
     with the run's rollout engine settings, until interrupted (blocking)."""
-    from agent_core.rollout.build import hf_engine
-    from agent_core.run.evaluate import resolve_checkpoint
 
     folder, version, _ = resolve_checkpoint(cfg, checkpoint)
     engine = hf_engine(cfg, folder)

@@ -1,5 +1,5 @@
 """OpenAI chat messages <-> steprl prompts: messages (tool calls and `tool` results included)
-into prompt ids through `AgentFlow`, extended token-wise when a call continues the previous
+into prompt ids through `PromptRenderer`, extended token-wise when a call continues the previous
 call's conversation, and the model's Hermes output back into an OpenAI assistant message."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent_core.core.records import Message, Observation
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.text.tool_calls import CLOSE_TAG, OPEN_TAG, ToolCall, parse_tool_calls
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -142,7 +142,7 @@ class ChatPrompts:
     """Prompt ids for chat calls: rendered by the chat template, or extended from a `Turn`."""
 
     def __init__(self, tokenizer: Any, tool_prompt: str = "hermes") -> None:
-        self.flow = AgentFlow(tokenizer, tool_prompt)
+        self.flow = PromptRenderer(tokenizer, tool_prompt)
 
     def build(
         self, messages: list[dict[str, Any]], converted: list[Message],

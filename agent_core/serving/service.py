@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from pydantic import BaseModel, Field
 
+from agent_core.rollout.build import folder_state_dict
 from agent_core.rollout.engine import Generation, RolloutEngine, SamplingParams
 from agent_core.serving.batcher import RequestBatcher, TokenCallback
 from agent_core.serving.chat import (
@@ -67,7 +68,7 @@ class ServerSettings(BaseModel):
         0.01, ge=0.0, description="How long the first request of a batch waits for others."
     )
     max_batch: int = Field(64, ge=1, description="Most sequences gathered into one engine call.")
-    tool_prompt: str = Field("hermes", description="How tools enter the prompt (AgentFlow).")
+    tool_prompt: str = Field("hermes", description="How tools enter the prompt (PromptRenderer).")
     reload_token: str = Field(
         "",
         repr=False,
@@ -278,7 +279,6 @@ class PolicyService:
 
     async def reload(self, folder: Path, policy_version: int) -> float:
         """Load the HF checkpoint `folder` into the engine between batches; returns seconds."""
-        from agent_core.rollout.build import folder_state_dict
 
         if not folder.is_dir():
             raise ValueError(f"no checkpoint folder {folder} on the server's machine")

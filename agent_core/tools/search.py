@@ -12,6 +12,7 @@ import bm25s
 import polars as pl
 
 from agent_core.tools.base import BaseTool, ToolResult
+from agent_core.tools.search_world import corpus_passages
 
 GENERATED = "generated"
 READERS = {".jsonl": pl.read_ndjson, ".ndjson": pl.read_ndjson, ".parquet": pl.read_parquet,
@@ -22,12 +23,7 @@ READERS = {".jsonl": pl.read_ndjson, ".ndjson": pl.read_ndjson, ".parquet": pl.r
 def _load(corpus: str, version: tuple[int, int]) -> tuple[list[str], bm25s.BM25]:
     """(passages, BM25 index) of a corpus file (keyed by its mtime and size, so an edited
     file is indexed again)."""
-    if corpus == GENERATED:
-        from agent_core.tools.search_world import corpus_passages
-
-        passages = corpus_passages()
-    else:
-        passages = _read_passages(Path(corpus))
+    passages = corpus_passages() if corpus == GENERATED else _read_passages(Path(corpus))
     index = bm25s.BM25()
     index.index(bm25s.tokenize(passages, stopwords="en", show_progress=False), show_progress=False)
     return passages, index

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import torch
 
+from agent_core import live
+from agent_core.collect.shard import collect_shard
+from agent_core.core.results import RunHandle
 from agent_core.workers.liveness import identity
+from configs.run_config import RunConfig
 
 
 class RolloutWorker:
@@ -32,9 +36,6 @@ class RolloutWorker:
 
     def collect(self, cfg_json: str, run_json: str, iteration: int, shard: int) -> str:
         """Run one shard exactly as the in-process path does; returns its ShardResult JSON."""
-        from agent_core.collect.shard import collect_shard
-        from agent_core.core.results import RunHandle
-        from configs.run_config import RunConfig
 
         cfg = RunConfig.model_validate_json(cfg_json)
         run = RunHandle.model_validate_json(run_json)
@@ -45,9 +46,6 @@ class RolloutWorker:
     ) -> float:
         """Hold policy `version`: load `state` (weights from the object store) when given,
         else the HF checkpoint folder `weights`. Returns the seconds it took."""
-        from agent_core import live
-        from agent_core.core.results import RunHandle
-        from configs.run_config import RunConfig
 
         start = time.perf_counter()
         cfg = RunConfig.model_validate_json(cfg_json)

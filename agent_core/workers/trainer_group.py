@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from agent_core.trainer.policy_trainer import PolicyTrainer
 from agent_core.workers.liveness import (
     CallTimeoutError,
     SilentActorError,
@@ -18,7 +19,7 @@ from agent_core.workers.liveness import (
     ready_in_turn,
 )
 from agent_core.workers.ray_cluster import actor_options, ensure_ray, wait_started
-from configs.run_config import RunConfig
+from configs.run_config import RunConfig, TrainerSection
 
 RERUN = "Rerun the run to resume from its last complete iteration."
 
@@ -59,8 +60,6 @@ class TrainerRank:
     def build(self, rank: int, world: int, master: tuple[str, int], args: dict) -> int:
         """Join the group as `rank` of `world` and build the trainer (restoring DeepSpeed
         state from the weights folder when it holds some). Returns the process id."""
-        from agent_core.trainer.policy_trainer import PolicyTrainer
-        from configs.run_config import TrainerSection
 
         os.environ.update(
             RANK=str(rank), LOCAL_RANK=str(args.pop("local_rank")), WORLD_SIZE=str(world),

@@ -349,11 +349,11 @@ def test_an_agents_child_processes_end_with_its_episode(tiny_model_dir, engine) 
 
 
 def test_an_evaluation_whose_episodes_all_time_out_says_so(tiny_model_dir, engine, tmp_path):
-    from agent_core.run.evaluate import evaluate_policy
+    from agent_core.run.evaluate import evaluate_engine
 
     cfg = agent_config(tiny_model_dir, "sleepy_agent", "env.agent_timeout_s=2", "eval.episodes=2")
     with pytest.raises(RuntimeError, match=r"timeout.*raise env.agent_timeout_s"):
-        evaluate_policy(cfg, engine, 0, "base", tmp_path)
+        evaluate_engine(cfg, engine, 0, "base", tmp_path)
 
 
 MAIN_PROBE = """

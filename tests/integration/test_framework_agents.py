@@ -13,7 +13,7 @@ from agent_core.collect.loops import make_loop
 from agent_core.config.load import load_config
 from agent_core.envs import make_env
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
 from tests.integration.test_agent_rollouts import run_agent
@@ -35,7 +35,7 @@ def test_agent_calls_its_tool_on_the_native_prompt_and_scores(agent, tiny_tokeni
     )
     assert stats.env_errors == 0 and [s.info["prompt"] for s in steps] == ["rendered", "extended"]
     env = make_env("calculator", cfg.env.max_steps, cfg.env.few_shot, {})
-    native = AgentFlow(tiny_tokenizer, cfg.env.tool_prompt).encode(env.reset(task))
+    native = PromptRenderer(tiny_tokenizer, cfg.env.tool_prompt).encode(env.reset(task))
     assert steps[0].prompt_ids == native  # the native env's prompt: the warm-up's format
     assert steps[0].feedback_text == str(task.answer)  # the tool's output
     assert steps[1].success and steps[1].reward == 1.0 and steps[1].info["end"] == "answer"

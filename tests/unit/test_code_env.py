@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent_core.collect.iteration_tasks import train_tasks
-from agent_core.config.load import ConfigError, config_from_dict, load_config
+from agent_core.config.load import config_from_dict, load_config
+from agent_core.config.presets import ConfigError
 from agent_core.core.records import Action, Task
 from agent_core.envs import make_env
 from agent_core.envs.code import CodeEnv, extract_code

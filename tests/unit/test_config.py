@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config.load import PRESETS_DIR, ConfigError, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import PRESETS_DIR, ConfigError
 from agent_core.core.config_record import flatten
 from configs.run_config import RunConfig
 

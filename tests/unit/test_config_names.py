@@ -15,21 +15,13 @@ import polars as pl
 import pytest
 import yaml
 
-from agent_core.config.load import (
-    DEPLOYMENT_LIMITS_ENV,
-    ConfigError,
-    DeploymentLimits,
-    RunConfig,
-    _size_problems,
-    apply_overrides,
-    check_config,
-    deployment_limits,
-    load_config,
-    preset_path,
-)
+from agent_core.config.deployment import DEPLOYMENT_LIMITS_ENV, DeploymentLimits, deployment_limits
+from agent_core.config.load import _size_problems, apply_overrides, check_config, load_config
+from agent_core.config.presets import ConfigError, preset_path
 from agent_core.core.registry import is_plugin, plugin
 from agent_core.prompting.context import make_context_policy
 from agent_core.rewards.terms import reward_fn
+from configs.run_config import RunConfig
 
 
 def _command_configs(marker: Path) -> dict[str, list[str]]:

@@ -10,14 +10,16 @@ import random
 import pytest
 import yaml
 
-from agent_core.config.load import ConfigError, RunConfig, config_from_dict, load_config
+from agent_core.config.load import config_from_dict, load_config
+from agent_core.config.presets import ConfigError
 from agent_core.core.records import Action, StepResult, Task
 from agent_core.envs import AgentEnv, make_env
 from agent_core.prompting.context import SlidingWindow
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rewards.scoring import configured_terms
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
+from configs.run_config import RunConfig
 
 HERE = __name__
 META = RolloutMeta("r", 1, 0, "coin")
@@ -159,7 +161,9 @@ class FixedReply:
 def _loop(tokenizer, env: str, context, seed: int = 3, flips: int = 4):
     factory = lambda: make_env(f"{HERE}:{env}", flips, False, {}, context)  # noqa: E731
     engine = FixedReply(tokenizer)
-    loop = AgentEnvLoop(engine, AgentFlow(tokenizer), factory, SamplingParams(seed=seed), 10_000)
+    loop = AgentEnvLoop(
+        engine, PromptRenderer(tokenizer), factory, SamplingParams(seed=seed), 10_000
+    )
     return loop, engine
 
 

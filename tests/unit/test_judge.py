@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_core.config.load import ConfigError, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import ConfigError
 from agent_core.core.records import Step, Task
 from agent_core.models import build_byte_tokenizer
 from agent_core.rewards.judge import judge_trajectories

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agent_core.envs.calculator import CalculatorEnv
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
@@ -59,7 +59,7 @@ def test_one_generate_call_per_turn_over_live_episodes(tiny_tokenizer) -> None:
     engine = ScriptedEngine(tiny_tokenizer)
     loop = AgentEnvLoop(
         engine,
-        AgentFlow(tiny_tokenizer),
+        PromptRenderer(tiny_tokenizer),
         partial(CalculatorEnv, max_steps=4),
         SamplingParams(),
         10_000,
@@ -91,7 +91,7 @@ def test_one_generate_call_per_turn_over_live_episodes(tiny_tokenizer) -> None:
 
 def test_prompt_budget_truncates_episode(tiny_tokenizer) -> None:
     engine = ScriptedEngine(tiny_tokenizer)
-    flow = AgentFlow(tiny_tokenizer)
+    flow = PromptRenderer(tiny_tokenizer)
     first_len = len(flow.encode(CalculatorEnv().reset(_tasks([2])[0])))
     loop = AgentEnvLoop(engine, flow, CalculatorEnv, SamplingParams(), first_len + 10)
     steps, _ = loop.run(_tasks([2]), group_size=1, meta=META)
@@ -136,7 +136,7 @@ def test_window_context_prompts_are_exactly_what_the_model_saw(tiny_tokenizer) -
     engine = ScriptedEngine(tiny_tokenizer)
     loop = AgentEnvLoop(
         engine,
-        AgentFlow(tiny_tokenizer),
+        PromptRenderer(tiny_tokenizer),
         partial(CalculatorEnv, max_steps=4, context=SlidingWindow(1)),
         SamplingParams(),
         10_000,
@@ -158,7 +158,7 @@ def test_policy_summarizer_uses_the_engine(tiny_tokenizer) -> None:
     engine = ScriptedEngine(tiny_tokenizer)
     loop = AgentEnvLoop(
         engine,
-        AgentFlow(tiny_tokenizer),
+        PromptRenderer(tiny_tokenizer),
         partial(
             CalculatorEnv, max_steps=4, context=Summarize(PolicySummarizer(), keep_last_turns=1)
         ),
@@ -190,7 +190,11 @@ class SlowEnv(CalculatorEnv):
 
 def test_steps_record_their_generate_and_env_wall_clock(tiny_tokenizer) -> None:
     loop = AgentEnvLoop(
-        SlowEngine(tiny_tokenizer), AgentFlow(tiny_tokenizer), SlowEnv, SamplingParams(), 10_000
+        SlowEngine(tiny_tokenizer),
+        PromptRenderer(tiny_tokenizer),
+        SlowEnv,
+        SamplingParams(),
+        10_000,
     )
     before = time.time_ns()
     steps, _ = loop.run(_tasks([1, 0]), group_size=1, meta=META)

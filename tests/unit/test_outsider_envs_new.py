@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from agent_core.config.load import ConfigError, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import ConfigError
 from agent_core.core.records import Action
 from agent_core.envs import AgentEnv, make_env
 from tests.outsider import code_guess_env, corridor_env, lookup_compute_env

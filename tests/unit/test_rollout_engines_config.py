@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.config.load import ConfigError, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import ConfigError
 from configs.rollout_engines import RemoteEngineSection
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_core.config.load import ConfigError, load_config
+from agent_core.config.load import load_config
+from agent_core.config.presets import ConfigError
 from agent_core.envs import make_env
 from agent_core.tools.python import PythonTool
 from agent_core.tools.sandbox import levels

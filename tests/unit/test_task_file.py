@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from agent_core.collect.iteration_tasks import train_tasks
-from agent_core.config.load import ConfigError, config_from_dict, load_config
+from agent_core.config.load import config_from_dict, load_config
+from agent_core.config.presets import ConfigError
 from agent_core.envs.task_file import TaskFileError, held_out_tasks, sample_train_tasks
 from agent_core.run.evaluate import eval_tasks
 from configs.task_file import TaskFileSection

@@ -12,7 +12,7 @@ import pytest
 
 from agent_core.config.load import load_config
 from agent_core.envs import CalculatorEnv, NumberLineEnv
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.replay import steps_to_table
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.engine import SamplingParams
@@ -29,7 +29,11 @@ LOOKUP_ENV = "tests.outsider.lookup_compute_env:LookupComputeEnv"
 @pytest.mark.parametrize("env_cls", [CalculatorEnv, NumberLineEnv])
 def test_solver_demonstrations_succeed(env_cls, tiny_tokenizer) -> None:
     loop = AgentEnvLoop(
-        None, AgentFlow(tiny_tokenizer), partial(env_cls, max_steps=8), SamplingParams(), 100_000
+        None,
+        PromptRenderer(tiny_tokenizer),
+        partial(env_cls, max_steps=8),
+        SamplingParams(),
+        100_000,
     )
     tasks = [env_cls.make_task(seed) for seed in range(40)]
     steps, stats = loop.run(tasks, 1, META, solver=True)
@@ -48,7 +52,9 @@ def test_calculator_expressions_compute_the_answer() -> None:
 
 
 def test_file_rows_skip_failed_trajectories(tmp_path: Path, tiny_tokenizer) -> None:
-    loop = AgentEnvLoop(None, AgentFlow(tiny_tokenizer), CalculatorEnv, SamplingParams(), 100_000)
+    loop = AgentEnvLoop(
+        None, PromptRenderer(tiny_tokenizer), CalculatorEnv, SamplingParams(), 100_000
+    )
     steps, _ = loop.run([CalculatorEnv.make_task(s) for s in range(4)], 1, META, solver=True)
     failed = [s for s in steps if s.task_id == steps[0].task_id]
     for s in failed:
@@ -140,7 +146,9 @@ def test_no_demonstration_says_how_solver_episodes_ended(
 
 
 def test_a_demonstrations_file_without_success_says_so(tmp_path: Path, tiny_tokenizer) -> None:
-    loop = AgentEnvLoop(None, AgentFlow(tiny_tokenizer), CalculatorEnv, SamplingParams(), 100_000)
+    loop = AgentEnvLoop(
+        None, PromptRenderer(tiny_tokenizer), CalculatorEnv, SamplingParams(), 100_000
+    )
     steps, _ = loop.run([CalculatorEnv.make_task(0)], 1, META, solver=True)
     for s in steps:
         s.success = False

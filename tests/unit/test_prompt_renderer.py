@@ -1,4 +1,4 @@
-"""AgentFlow: prompts from chat messages, and token-exact prompt extension (no re-tokenizing)."""
+"""PromptRenderer: prompts from chat messages, and token-exact prompt extension (no re-tokenizing)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from agent_core.core.records import Observation
 from agent_core.models import CHATML_TEMPLATE
-from agent_core.prompting.renderer import AgentFlow
+from agent_core.prompting.renderer import PromptRenderer
 from agent_core.tools.calculator import CalculatorTool
 
 SCHEMA = [CalculatorTool().schema()]
@@ -38,18 +38,18 @@ def _turns(reply: str) -> tuple[Observation, Observation]:
 
 def test_tools_block_styles(tiny_tokenizer) -> None:
     obs, _ = _turns("x")
-    hermes = AgentFlow(tiny_tokenizer, "hermes").render(obs)
+    hermes = PromptRenderer(tiny_tokenizer, "hermes").render(obs)
     assert "<tools>" in hermes and '"name": "calculator"' in hermes
-    compact = AgentFlow(tiny_tokenizer, "compact").render(obs)
+    compact = PromptRenderer(tiny_tokenizer, "compact").render(obs)
     assert "- calculator(expression: string)" in compact and "<tools>" not in compact
-    plain = AgentFlow(tiny_tokenizer, "none").render(obs)
+    plain = PromptRenderer(tiny_tokenizer, "none").render(obs)
     assert "calculator" not in plain and plain.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="tool_prompt"):
-        AgentFlow(tiny_tokenizer, "xml")
+        PromptRenderer(tiny_tokenizer, "xml")
 
 
 def test_extend_equals_full_render_when_tokenization_is_canonical(tiny_tokenizer) -> None:
-    flow = AgentFlow(tiny_tokenizer)
+    flow = PromptRenderer(tiny_tokenizer)
     first, second = _turns("<tool_call>{}</tool_call>")
     prompt = flow.encode(first)
     response = tiny_tokenizer.encode(
@@ -62,7 +62,7 @@ def test_extend_equals_full_render_when_tokenization_is_canonical(tiny_tokenizer
 
 def test_extend_keeps_sampled_ids_that_retokenize_differently() -> None:
     tok = _merging_tokenizer()
-    flow = AgentFlow(tok, "none")
+    flow = PromptRenderer(tok, "none")
     first, second = _turns("abab")
     prompt = flow.encode(first)
     # the policy sampled "abab" as single characters; re-encoding the text would merge them
@@ -78,7 +78,7 @@ def test_extend_keeps_sampled_ids_that_retokenize_differently() -> None:
 
 
 def test_extend_closes_a_turn_cut_at_a_stop_string(tiny_tokenizer) -> None:
-    flow = AgentFlow(tiny_tokenizer)
+    flow = PromptRenderer(tiny_tokenizer)
     first, second = _turns("<tool_call>{}</tool_call>")
     prompt = flow.encode(first)
     response = tiny_tokenizer.encode(
@@ -89,7 +89,7 @@ def test_extend_closes_a_turn_cut_at_a_stop_string(tiny_tokenizer) -> None:
 
 
 def test_non_appended_observation_is_rendered_fresh(tiny_tokenizer) -> None:
-    flow = AgentFlow(tiny_tokenizer)
+    flow = PromptRenderer(tiny_tokenizer)
     first, second = _turns("x")
     second.appended = False
     assert flow.extend(first, [1, 2, 3], [4], second) == flow.encode(second)
