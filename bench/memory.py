@@ -64,10 +64,10 @@ def run(root: Path, args: argparse.Namespace) -> None:
     from agent_core.config.load import load_config
     from agent_core.rollout.shard import shard_count
     from agent_core.run import report as reporting
-    from agent_core.run.commit import commit
     from agent_core.run.prepare import finish_run, prepare_run
     from agent_core.run.score import score
     from agent_core.run.update import update
+    from agent_core.run.write_replay import write_replay
 
     cfg = load_config(
         "smoke" if args.smoke else "calculator_grpo",
@@ -96,7 +96,7 @@ def run(root: Path, args: argparse.Namespace) -> None:
             for shard in range(shard_count(cfg))
         ]
         scored = measure("score", k, score, cfg, run_h, k, shards)
-        partition = measure("write_replay", k, commit, cfg, run_h, k, scored)
+        partition = measure("write_replay", k, write_replay, cfg, run_h, k, scored)
         updated = measure("update", k, update, cfg, run_h, k, partition)
         measure(
             "log", k, reporting.log_iteration, cfg, run_h, k, shards, scored, partition, updated

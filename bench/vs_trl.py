@@ -75,10 +75,10 @@ def run_steprl(cfg) -> list[dict[str, float]]:
     from agent_core.collect.shard import collect_shard
     from agent_core.rollout.shard import shard_count
     from agent_core.run import report as reporting
-    from agent_core.run.commit import commit
     from agent_core.run.prepare import finish_run, prepare_run
     from agent_core.run.score import score
     from agent_core.run.update import update
+    from agent_core.run.write_replay import write_replay
 
     run = prepare_run(cfg, {})
     out = []
@@ -86,7 +86,7 @@ def run_steprl(cfg) -> list[dict[str, float]]:
         start = time.perf_counter()
         shards = [collect_shard(cfg, run, k, s) for s in range(shard_count(cfg))]
         scored = score(cfg, run, k, shards)
-        partition = commit(cfg, run, k, scored)
+        partition = write_replay(cfg, run, k, scored)
         updated = update(cfg, run, k, partition)
         reporting.log_iteration(cfg, run, k, shards, scored, partition, updated)
         wall = time.perf_counter() - start

@@ -25,8 +25,9 @@ from agent_core.core.results import (
     ShardResult,
     UpdateResult,
 )
-from agent_core.run import commit, placement, prepare, score, update, warmup
+from agent_core.run import placement, prepare, score, update, warmup
 from agent_core.run import report as reporting
+from agent_core.run import write_replay as replay_phase
 from agent_core.run.placement import SyncResult
 from agent_core.run.report import LogResult
 from agent_core.run.warmup import WarmupResult
@@ -110,7 +111,7 @@ def write_replay(
     config: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult
 ) -> PartitionResult:
     """Commit the iteration's Arrow replay partition (its groups and trajectories checked)."""
-    return commit.commit(config, run, iteration, scored)
+    return replay_phase.write_replay(config, run, iteration, scored)
 
 
 @task(name="update_policy", **CACHED)

@@ -1,4 +1,4 @@
-"""The commit phase: the scored steps become the iteration's replay partition (refused when their
+"""The write_replay phase: the scored steps become the iteration's replay partition (refused when their
 groups and trajectories are not what the estimator assumed), and the staging files go.
 """
 
@@ -13,7 +13,9 @@ from agent_core.replay.store import commit_partition, partition_info, read_ipc, 
 from configs.run_config import RunConfig
 
 
-def commit(cfg: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult) -> PartitionResult:
+def write_replay(
+    cfg: RunConfig, run: RunHandle, iteration: int, scored: ScoreResult
+) -> PartitionResult:
     """Commit the scored steps as the iteration's replay partition, refused when their groups
     and trajectories are not what the estimator assumed; drop the staging files."""
     start = time.perf_counter()
