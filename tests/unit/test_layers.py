@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -78,3 +79,29 @@ def test_lint_imports_refuses_a_planted_arrow_back_up(tmp_path: Path) -> None:
     broken = _lint_imports(tmp_path)
     assert broken.returncode != 0
     assert "agent_core.core.records -> agent_core.run.prepare" in broken.stdout, broken.stdout
+
+
+def test_readme_file_tree_is_the_real_house() -> None:
+    """The README's "Where things live" lists every room once, on the floor the layers
+    contract gives it, and every top-level folder it names exists: the tree cannot go stale."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Where things live", 1)[1].split("```", 2)[1]
+    floors: dict[int, set[str]] = {}
+    folders = []
+    for line in block.strip().splitlines():
+        match = re.match(r"floor\s+(\d+)\s+agent_core/(\S+?)(\.py|/)\s", line)
+        if match:
+            floors.setdefault(int(match[1]), set()).add(f"agent_core.{match[2]}")
+        else:
+            folders.append(line.split()[0])
+    contract = _floors()  # top floor first
+    assert [floors[k] for k in sorted(floors, reverse=True)] == contract
+    assert sorted(floors) == list(range(len(contract)))
+    for folder in folders:
+        assert (REPO / folder).is_dir(), f"README names {folder}, which does not exist"
+
+
+def test_readme_stays_the_newcomer_path() -> None:
+    """Everything past the newcomer path lives in docs/ (one page per topic)."""
+    size = len((REPO / "README.md").read_bytes())
+    assert size < 20_000, f"README.md is {size} bytes: move topic material to a docs/ page"
