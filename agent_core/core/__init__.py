@@ -1,3 +1,5 @@
 """The vocabulary and plumbing every room uses, importing no other room: the step-level MDP
-records, name resolution for pluggable parts, progress hooks, fault injection for crash tests.
+records, name resolution for pluggable parts, the one atomic file write, every path of a run
+folder, the results the phases pass along, the config a run records, progress hooks, and fault
+injection for crash tests.
 """

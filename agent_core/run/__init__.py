@@ -1,4 +1,5 @@
-"""One training run over its folder: the phases of an iteration, the trainers it holds, where
-collect and sync run (placement), the run lock, warm-up, held-out evaluation and what an
-iteration reports.
+"""One training run over its folder: opening and closing it (prepare, lock), the phases of an
+iteration (score, write_replay, update; collection is agent_core.collect), the trainer it holds,
+where collect and sync run (placement), warm-up, held-out evaluation, what an iteration reports,
+and serving a run's checkpoint.
 """

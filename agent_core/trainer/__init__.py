@@ -1,1 +1,3 @@
-"""The policy update: a DeepSpeed engine around the HF model, batching of step rows, checkpoints."""
+"""The policy update: a DeepSpeed engine around the HF model (RL update and SFT), batching of step
+rows, checkpoints, process groups, LoRA.
+"""
