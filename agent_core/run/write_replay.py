@@ -1,5 +1,5 @@
-"""The write_replay phase: the scored steps become the iteration's replay partition (refused when their
-groups and trajectories are not what the estimator assumed), and the staging files go.
+"""The write_replay phase: the scored steps become the iteration's replay partition (refused when
+their groups and trajectories are not what the estimator assumed), and the staging files go.
 """
 
 from __future__ import annotations
