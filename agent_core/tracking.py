@@ -24,7 +24,7 @@ from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 
 from agent_core.core.files import atomic_write_text
 from agent_core.core.run_folder import MLFLOW_RUN_ID
-from configs.run_config import TrackingSection
+from configs.tracking import TrackingSection
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"

@@ -30,7 +30,8 @@ from agent_core.algorithms.losses import clipped_policy_loss
 from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree, plan_minibatches
 from agent_core.trainer.policy_module import PolicyModule
 from agent_core.trainer.policy_trainer import PolicyTrainer, resolve_compute_dtype
-from configs.run_config import LoraSection, TrainerSection
+from configs.lora import LoraSection
+from configs.trainer import TrainerSection
 
 TEMPERATURE, SEED, GROUP = 0.7, 0, 4
 SYSTEM, TASK, MAX_STEPS = 196, (30, 40), 3

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from configs.base import Section
 
 JUDGE_POLICY = "policy"
 DEFAULT_RUBRIC = (
@@ -16,12 +18,8 @@ DEFAULT_RUBRIC = (
 )
 
 
-class JudgeTerm(BaseModel):
+class JudgeTerm(Section):
     """An outcome reward scored by a model reading the task and each trajectory."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
-    )
 
     name: Literal["judge"] = Field(description="'judge': the model-judged reward term.")
     weight: float = Field(1.0, description="Multiplier applied to the judge's score in [0, 1].")

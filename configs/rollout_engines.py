@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from configs.base import Section
 
 
-class _EngineSection(BaseModel):
-    """Unknown keys are errors, assignments are validated, floats are finite."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
-    )
-
-
-class RemoteEngineSection(_EngineSection):
+class RemoteEngineSection(Section):
     """An OpenAI-compatible server (vLLM, SGLang, `steprl serve-policy`) used as the rollout
     engine through /v1/completions with prompt token ids (rollout.engine=remote)."""
 
@@ -75,7 +69,7 @@ class RemoteEngineSection(_EngineSection):
         return url
 
 
-class VLLMEngineSection(_EngineSection):
+class VLLMEngineSection(Section):
     """A vLLM OpenAI server that steprl starts (from its own Python environment, see
     `make vllm-env`) on the run's policy folder and stops at run end (rollout.engine=vllm)."""
 

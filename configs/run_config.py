@@ -12,14 +12,13 @@ import math
 
 from pydantic import Field, model_validator
 
-from configs.algorithm import GROUP_ESTIMATORS, KL_REWARD_ESTIMATORS, AlgorithmSection
+from configs.algorithm import GROUP_ESTIMATORS, AlgorithmSection
 from configs.base import Section
 from configs.env import EnvSection
 from configs.eval import EvalSection
-from configs.lora import LoraSection
 from configs.model import ModelSection
 from configs.ray_cluster import RaySection
-from configs.reward import TERM_KINDS, RewardSection, RewardTerm
+from configs.reward import RewardSection
 from configs.rollout import RolloutSection
 from configs.run import RunSection
 from configs.tracking import TrackingSection
@@ -28,25 +27,6 @@ from configs.warmup import WarmupSection
 
 # What `from configs.run_config import ...` offers: RunConfig and its sections, plus names that
 # lived here before the sections got a module each and are still imported from here.
-__all__ = [
-    "GROUP_ESTIMATORS",
-    "KL_REWARD_ESTIMATORS",
-    "TERM_KINDS",
-    "AlgorithmSection",
-    "EnvSection",
-    "EvalSection",
-    "LoraSection",
-    "ModelSection",
-    "RaySection",
-    "RewardSection",
-    "RewardTerm",
-    "RolloutSection",
-    "RunConfig",
-    "RunSection",
-    "TrackingSection",
-    "TrainerSection",
-    "WarmupSection",
-]
 
 
 class RunConfig(Section):

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import Field, StrictInt, model_validator
+
+from configs.base import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
-    )
-
-
-class TaskSplit(_Section):
+class TaskSplit(Section):
     """The rows of one split: a row range, or the rows whose split column holds a value."""
 
     rows: tuple[StrictInt, StrictInt] | None = Field(
@@ -50,7 +46,7 @@ class TaskSplit(_Section):
         return f"rows with {self.column} == {self.equals!r}"
 
 
-class TaskFileSection(_Section):
+class TaskFileSection(Section):
     """Where tasks come from when they come from a data file instead of `make_task(seed)`."""
 
     path: str = Field(description="The data file (.parquet, .jsonl/.ndjson or .csv).")

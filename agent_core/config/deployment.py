@@ -84,8 +84,6 @@ def deployment_limits() -> DeploymentLimits:
         ) from None
 
 
-__all__ = ["check_checkpoint", "path_problems", "read_roots", "shown_roots", "write_roots"]
-
 HOW_TO_READ = "restart `steprl serve` with `--data-root <the folder holding it>` to allow it"
 # `vllm serve` flags a deployment run may add (rollout.vllm.extra_args): sizes and switches
 # only. Every other flag can name files, code or addresses (--trust-remote-code,

@@ -30,7 +30,8 @@ from agent_core.prompting.context import make_context_policy
 from agent_core.rewards.terms import reward_fn
 from agent_core.tools import make_tool, tool_class
 from configs.judge import JUDGE_POLICY, JudgeTerm
-from configs.run_config import TERM_KINDS, RunConfig
+from configs.reward import TERM_KINDS
+from configs.run_config import RunConfig
 
 
 class _ConfigLoader(yaml.SafeLoader):

@@ -14,7 +14,8 @@ from agent_core.envs import env_class
 from agent_core.rewards.judge import JudgeEngine
 from agent_core.rewards.terms import RewardFn, reward_fn
 from configs.judge import JudgeTerm
-from configs.run_config import RewardTerm, RunConfig
+from configs.reward import RewardTerm
+from configs.run_config import RunConfig
 
 # The judge's engine for a term's `model` ('policy' or a model folder).
 JudgeEngines = Callable[[str], JudgeEngine]

@@ -16,7 +16,7 @@ from agent_core.core.files import atomic_write_text
 from agent_core.trainer import lora
 from agent_core.trainer.distributed import barrier
 from agent_core.trainer.policy_module import PolicyModule
-from configs.run_config import TrainerSection
+from configs.trainer import TrainerSection
 
 DS_STATE_DIR = "deepspeed"
 _METADATA = "steprl.json"

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from configs.run_config import LoraSection
+from configs.lora import LoraSection
 
 ADAPTER_DIR = "adapter"  # the PEFT folder inside a steprl checkpoint
 ADAPTER_NAME = "default"

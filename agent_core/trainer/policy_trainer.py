@@ -41,7 +41,7 @@ from agent_core.trainer.distributed import (
     sum_over_ranks,
 )
 from agent_core.trainer.policy_module import PolicyModule
-from configs.run_config import TrainerSection
+from configs.trainer import TrainerSection
 
 
 @dataclass
@@ -526,6 +526,3 @@ def resolve_compute_dtype(dtype: str, device_type: str) -> str:
 def metrics_dict(metrics: UpdateMetrics) -> dict[str, float]:
     """`UpdateMetrics` as a flat dict of floats."""
     return {k: float(v) for k, v in asdict(metrics).items()}
-
-
-__all__ = ["PolicyTrainer", "TrainRow", "TrainSequence", "UpdateMetrics", "metrics_dict"]

@@ -19,7 +19,8 @@ from agent_core.workers.liveness import (
     ready_in_turn,
 )
 from agent_core.workers.ray_cluster import actor_options, ensure_ray, wait_started
-from configs.run_config import RunConfig, TrainerSection
+from configs.run_config import RunConfig
+from configs.trainer import TrainerSection
 
 RERUN = "Rerun the run to resume from its last complete iteration."
 

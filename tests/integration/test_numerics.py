@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import PolicyTrainer
-from configs.run_config import TrainerSection
+from configs.trainer import TrainerSection
 
 pytestmark = pytest.mark.slow
 

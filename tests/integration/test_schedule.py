@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mlflow import MlflowClient
 
-from configs.run_config import TrainerSection
+from configs.trainer import TrainerSection
 from flows.serve import build_deployments
 from tests.conftest import stop_process_group
 

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from agent_core import tracking
-from configs.run_config import TrackingSection
+from configs.tracking import TrackingSection
 
 pytestmark = pytest.mark.slow
 

@@ -145,7 +145,7 @@ def test_estimator_lists_match_what_estimators_do() -> None:
 
     from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
     from agent_core.algorithms.returns import StepArrays
-    from configs.run_config import GROUP_ESTIMATORS, KL_REWARD_ESTIMATORS
+    from configs.algorithm import GROUP_ESTIMATORS, KL_REWARD_ESTIMATORS
 
     assert sorted(ESTIMATORS) == sorted(KL_REWARD_ESTIMATORS + GROUP_ESTIMATORS)
     rng = np.random.default_rng(0)

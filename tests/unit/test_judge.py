@@ -24,7 +24,8 @@ from agent_core.rewards.terms import REWARDS
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from configs.judge import JudgeTerm
-from configs.run_config import RewardTerm, RunConfig
+from configs.reward import RewardTerm
+from configs.run_config import RunConfig
 from tests.conftest import REPO
 
 

@@ -23,7 +23,7 @@ from agent_core.trainer.batching import (
     with_trajectory_tokens,
 )
 from agent_core.trainer.policy_trainer import PolicyTrainer
-from configs.run_config import TrainerSection
+from configs.trainer import TrainerSection
 
 VOCAB = 256  # the byte tokenizer's byte tokens
 
