@@ -18,6 +18,7 @@ from configs.env import EnvSection
 from configs.eval import EvalSection
 from configs.model import ModelSection
 from configs.ray_cluster import RaySection
+from configs.replay import ReplaySection
 from configs.reward import RewardSection
 from configs.rollout import RolloutSection
 from configs.run import RunSection
@@ -41,6 +42,9 @@ class RunConfig(Section):
         default_factory=AlgorithmSection, description="Returns and advantages."
     )
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Policy update.")
+    replay: ReplaySection = Field(
+        default_factory=ReplaySection, description="Past iterations' rows in each update."
+    )
     ray: RaySection = Field(
         default_factory=RaySection, description="Ray, for rollout workers and trainer ranks."
     )

@@ -89,3 +89,8 @@ class UpdateResult(BaseModel):
     checkpoint: str
     metrics: dict[str, float]
     seconds: float
+    replayed: list[tuple[int, str, int]] = Field(
+        default_factory=list,
+        description="The past rows the update mixed in (replay.past_iterations > 0), each as "
+        "(iteration, trajectory_id, step_index); empty without replay.",
+    )

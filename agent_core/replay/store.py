@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -311,12 +311,25 @@ def complete_iterations(run_dir: str | Path) -> list[int]:
     return sorted(k for k, folder in folders.items() if (folder / MANIFEST_FILE).is_file())
 
 
+def scan_committed(run_dir: str | Path, iterations: Iterable[int]) -> pl.LazyFrame:
+    """A polars lazy scan over the committed partitions among `iterations`, each checked
+    against its manifest first; an iteration without a manifest (never committed, or its
+    commit still under way) is left out, so its rows are never read."""
+    wanted = set(iterations)
+    paths = [verify_partition(run_dir, k).path for k in complete_iterations(run_dir) if k in wanted]
+    return _scan(paths)
+
+
+def _scan(paths: list[str]) -> pl.LazyFrame:
+    if not paths:
+        return pl.LazyFrame(schema=pl.from_arrow(STEP_SCHEMA.empty_table()).schema)
+    return pl.scan_parquet(paths)
+
+
 def scan_steps(run_dir: str | Path) -> pl.LazyFrame:
     """A polars lazy scan over every complete partition of a run (for analysis, minibatching).
     Each is checked against its manifest first; a data file without a manifest is refused."""
     for folder in _iteration_folders(run_dir).values():
         _refuse_unmanifested(folder)
     paths = [verify_partition(run_dir, k).path for k in complete_iterations(run_dir)]
-    if not paths:
-        return pl.LazyFrame(schema=pl.from_arrow(STEP_SCHEMA.empty_table()).schema)
-    return pl.scan_parquet(paths)
+    return _scan(paths)

@@ -1,10 +1,13 @@
-"""The update phase: policy `iteration - 1` trained on the iteration's committed rows, checkpoint
-`iteration` saved, the `latest` pointer moved and old checkpoints pruned.
+"""The update phase: policy `iteration - 1` trained on the iteration's committed rows (plus
+replayed rows of earlier iterations when `replay` is on), checkpoint `iteration` saved, the
+`latest` pointer moved and old checkpoints pruned.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,8 @@ from agent_core.core.run_folder import (
     update_record,
     write_latest,
 )
-from agent_core.replay.store import read_partition
+from agent_core.replay.buffer import ReplaySelection, replayed_table, select_replay
+from agent_core.replay.store import read_partition, scan_committed
 from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
@@ -53,6 +57,40 @@ def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """Past rows mixed into an update: as trainer inputs, and which they are."""
+
+    rows: list[TrainRow]
+    selection: ReplaySelection
+
+
+def replayed_rows(cfg: RunConfig, run_dir: Path, iteration: int, own_rows: int) -> Replayed | None:
+    """The rows of earlier committed partitions the update of `iteration` mixes in beside its
+    `own_rows` (`replay` section; `agent_core.replay.buffer` chooses them), or None when replay
+    is off. They keep their stored advantage, response log-probs and policy version: they are
+    off-policy samples of older policies."""
+    r = cfg.replay
+    if r.past_iterations == 0:
+        return None
+    window = range(max(1, iteration - r.past_iterations), iteration)
+    steps = scan_committed(run_dir, window)
+    selection = select_replay(
+        steps,
+        iteration=iteration,
+        past_iterations=r.past_iterations,
+        max_age=r.max_age,
+        rule=r.rule,
+        count=math.floor(round(r.share * own_rows, 6)),  # 0.29 x 100 is 29, not 28.99...
+        seed=cfg.run.seed,
+        skip_zero_advantage=skips_zero_advantage(cfg),
+    )
+    rows = train_rows(replayed_table(steps, selection), cfg)
+    if len(rows) != selection.chosen.height:  # the buffer's filter is train_rows' own
+        raise RuntimeError(f"replay chose {selection.chosen.height} rows, {len(rows)} train")
+    return Replayed(rows, selection)
+
+
 def _reward_after_update(
     table: pa.Table, rows: list[TrainRow], log_ratios: list[float]
 ) -> dict[str, float]:
@@ -77,7 +115,8 @@ def _reward_after_update(
 def update(
     cfg: RunConfig, run: RunHandle, iteration: int, partition: PartitionResult
 ) -> UpdateResult:
-    """Train policy `iteration - 1` on the iteration's steps, save checkpoint `iteration`."""
+    """Train policy `iteration - 1` on the iteration's steps (and, with `replay`, past rows
+    that the record names), save checkpoint `iteration`."""
     start = time.perf_counter()
     run_dir = Path(run.run_dir)
     ckpt = checkpoint_dir(run_dir, iteration)
@@ -90,9 +129,12 @@ def update(
     )
     table = read_partition(run_dir, iteration)
     rows = train_rows(table, cfg)
-    metrics = metrics_dict(trainer.update(rows, iteration))
-    if cfg.trainer.estimate_reward_after_update:
+    past = replayed_rows(cfg, run_dir, iteration, len(rows))
+    metrics = metrics_dict(trainer.update(rows if past is None else rows + past.rows, iteration))
+    if cfg.trainer.estimate_reward_after_update:  # of this iteration's trajectories only
         metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
+    if past is not None:
+        metrics |= past.selection.metrics()
     crash_point("update", iteration)
     saving = time.perf_counter()
     trainer.save(
@@ -107,6 +149,7 @@ def update(
         checkpoint=str(ckpt),
         metrics=metrics,
         seconds=time.perf_counter() - start,
+        replayed=[] if past is None else past.selection.record(),
     )
     # record first, prune last: a crash in between retrains from a checkpoint that still exists
     atomic_write_text(record, result.model_dump_json())
