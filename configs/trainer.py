@@ -1,7 +1,7 @@
 """The `trainer` section: the DeepSpeed policy update, its fields in documented groups like TRL's
-GRPOConfig (optimisation, batching, policy loss, KL to a reference, value head, precision and
-memory, devices and distribution, LoRA, checkpoints, diagnostics), named in `TRAINER_GROUPS`
-for the configuration reference."""
+GRPOConfig (optimisation, batching, policy loss, off-policy correction, KL to a reference, value
+head, precision and memory, devices and distribution, LoRA, checkpoints, diagnostics), named in
+`TRAINER_GROUPS` for the configuration reference."""
 
 from __future__ import annotations
 
@@ -89,12 +89,6 @@ class TrainerSection(Section):
         description="Dual clip (verl): for negative advantages the loss is capped at "
         "-A * clip_ratio_c, e.g. 3.0; None = off.",
     )
-    old_logprobs: Literal["rollout", "recompute"] = Field(
-        "rollout",
-        description="Importance-ratio denominator: the log-probs stored at rollout, or "
-        "recomputed by the trainer before the update (use when rollout and trainer numerics "
-        "differ, e.g. bf16 rollout weights).",
-    )
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean"
     ] = Field(
@@ -106,6 +100,49 @@ class TrainerSection(Section):
     )
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Entropy bonus weight (the loss subtracts coef * entropy)."
+    )
+
+    # --- Off-policy correction ---
+    # Rows sampled by another policy than the one the update starts from: a sampler whose
+    # log-probs differ from the trainer's (bf16 weights, vLLM), or, with asynchronous training,
+    # an older policy. The importance ratio's denominator, and a per-token weight on the
+    # policy-gradient loss from the behaviour policy (the stored log-probs) to the proximal one
+    # (the trainer's recomputed log-probs).
+    old_logprobs: Literal["rollout", "recompute"] = Field(
+        "rollout",
+        description="Importance-ratio denominator: the log-probs stored at rollout, or "
+        "recomputed by the trainer before the update (use when rollout and trainer numerics "
+        "differ, e.g. bf16 rollout weights). With recompute the update also logs how the two "
+        "differ (actor/off_policy_*, actor/rollout_logprob_diff_*).",
+    )
+    off_policy_correction: Literal["none", "decoupled", "tis", "mis"] = Field(
+        "none",
+        description="Weight on each token's clipped loss from rho = pi_proximal / pi_behaviour "
+        "(the recomputed probability over the stored one): 'none' = no weight; 'decoupled' = "
+        "rho (AReaL's decoupled PPO; unbounded, so for small gaps); 'tis' = min(rho, tis_cap) "
+        "(truncated IS, Yao et al. 2025); 'mis' = rho inside [mis_low, mis_high], else the "
+        "token is masked (IcePop). Needs old_logprobs=recompute: every weight needs the "
+        "proximal log-probs, and given them each method anchors the PPO clip there, so one "
+        "choice names both.",
+    )
+    tis_cap: float = Field(
+        2.0,
+        ge=1.0,
+        description="'tis': the largest weight (verl's and TRL's default 2.0; 1.5-5 typical). "
+        ">= 1, so a token both policies agree on keeps weight 1.",
+    )
+    mis_low: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="'mis': a token with rho below this is masked (IcePop as AReaL ships it: "
+        "0.5; 0 = an upper bound only, AReaL's earlier default). < 1, so a token both policies "
+        "agree on stays.",
+    )
+    mis_high: float = Field(
+        5.0,
+        gt=1.0,
+        description="'mis': a token with rho above this is masked (IcePop: 5.0).",
     )
 
     # --- KL to a reference ---
@@ -217,6 +254,17 @@ class TrainerSection(Section):
         return self
 
     @model_validator(mode="after")
+    def _correction_has_proximal(self) -> TrainerSection:
+        if self.off_policy_correction != "none" and self.old_logprobs != "recompute":
+            raise ValueError(
+                f"trainer.off_policy_correction={self.off_policy_correction!r} weighs each "
+                "token by pi_proximal / pi_behaviour, and the proximal log-probs are the "
+                "trainer's recomputed ones: set trainer.old_logprobs=recompute (or "
+                "off_policy_correction=none)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _batch_multiple(self) -> TrainerSection:
         if self.mini_batch_size % self.micro_batch_size:
             raise ValueError(
@@ -243,9 +291,15 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
         "clip_eps",
         "clip_eps_high",
         "clip_ratio_c",
-        "old_logprobs",
         "loss_agg_mode",
         "entropy_coef",
+    ),
+    "Off-policy correction": (
+        "old_logprobs",
+        "off_policy_correction",
+        "tis_cap",
+        "mis_low",
+        "mis_high",
     ),
     "KL to a reference": ("kl_loss_coef", "kl_estimator", "kl_clamp"),
     "Value head": ("value_head", "value_loss_coef", "value_clip"),

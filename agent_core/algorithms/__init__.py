@@ -1,5 +1,6 @@
-"""Credit assignment and losses: advantage estimators over steps, and the policy-gradient, KL,
-entropy and value losses. (Append-only packing is the trainer's: agent_core.trainer.batching.)"""
+"""Credit assignment and losses: advantage estimators over steps, the policy-gradient, KL,
+entropy and value losses, and the off-policy correction's per-token weights. (Append-only
+packing is the trainer's: agent_core.trainer.batching.)"""
 
 from agent_core.algorithms.advantages import (
     ESTIMATOR_NEEDS,
@@ -27,15 +28,18 @@ from agent_core.algorithms.losses import (
     token_logprobs,
     value_loss,
 )
+from agent_core.algorithms.off_policy import CORRECTIONS, OffPolicyWeights, off_policy_weights
 from agent_core.algorithms.returns import StepArrays, discounted_returns
 
 __all__ = [
     "AGG_MODES",
+    "CORRECTIONS",
     "ESTIMATORS",
     "ESTIMATOR_NEEDS",
     "KL_ESTIMATORS",
     "AdvantageOptions",
     "AdvantageResult",
+    "OffPolicyWeights",
     "PolicyLossOutput",
     "StepArrays",
     "ValueLossOutput",
@@ -49,6 +53,7 @@ __all__ = [
     "grpo",
     "kl_penalty",
     "masked_mean",
+    "off_policy_weights",
     "reinforce_pp",
     "rloo",
     "token_entropy",

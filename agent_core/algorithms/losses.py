@@ -135,6 +135,7 @@ def clipped_policy_loss(
     segments: torch.Tensor | None = None,
     traj_tokens: torch.Tensor | None = None,
     traj_count: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO/GRPO clipped importance-ratio loss over response tokens.
 
@@ -142,7 +143,10 @@ def clipped_policy_loss(
     step row, broadcast over its tokens) or [B, L] (per token, e.g. packed steps). Per token:
     max(-A r, -A clip(r, 1 - clip_eps, 1 + clip_eps_high)) with clip_eps_high = clip_eps by
     default; `clip_ratio_c` (> 1, e.g. 3) adds verl's dual clip: for A < 0 the loss is capped
-    at -A * clip_ratio_c. Aggregated by `aggregate` with the same mode and counts.
+    at -A * clip_ratio_c. `token_weights` [B, L] (detached; None = none) multiply each token's
+    loss after the clips: the off-policy correction of `off_policy.off_policy_weights`, with
+    `old_logprobs` then the proximal policy's. Aggregated by `aggregate` with the same mode and
+    counts; the diagnostics are of the unweighted ratio.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (got {clip_ratio_c}); e.g. 3.0")
@@ -158,8 +162,9 @@ def clipped_policy_loss(
         capped = torch.minimum(per_token, -adv * clip_ratio_c)
         dual = (adv < 0) & (capped < per_token)
         per_token = torch.where(adv < 0, capped, per_token)
+    weighted = per_token if token_weights is None else per_token * token_weights
     loss = aggregate(
-        per_token, mask, mode, token_count, seq_count, segments, traj_tokens, traj_count
+        weighted, mask, mode, token_count, seq_count, segments, traj_tokens, traj_count
     )
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).float(), mask).item()

@@ -36,6 +36,9 @@ class TrainRow:
     # response tokens of all of this row's trajectory's rows in the update (the weight unit of
     # traj-mean-token-mean); 0 = not counted: the row is taken as its own trajectory
     trajectory_tokens: int = 0
+    # per response token: the off-policy correction's weight on its policy-gradient loss (with
+    # old_logprobs then the proximal policy's); None = 1 each
+    token_weights: list[float] | None = None
 
 
 def with_trajectory_tokens(rows: list[TrainRow]) -> list[TrainRow]:
@@ -114,7 +117,8 @@ class MicroBatch:
     input_ids, position_ids: [B, L]; attention_mask: [B, L] (left-padded) or, for a prefix
     tree, a boolean [1, 1, L, L] (position i attends to j when j is i or one of its ancestors).
     token_pos: [N, 2] (sequence, position) whose logits predict response token `targets` [N];
-    token_step: [N] the step (0..S-1) each token belongs to; old_logprobs: [N].
+    token_step: [N] the step (0..S-1) each token belongs to; old_logprobs, token_weights: [N]
+    (`TrainRow.token_weights`, 1 where a row has none).
     value_pos: [S, 2] each step's last prompt token; advantages, returns, old_values: [S];
     traj_tokens: [S] the response tokens of each step's trajectory (`TrainRow.trajectory_tokens`).
     """
@@ -126,6 +130,7 @@ class MicroBatch:
     targets: torch.Tensor
     token_step: torch.Tensor
     old_logprobs: torch.Tensor
+    token_weights: torch.Tensor
     value_pos: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
@@ -210,7 +215,7 @@ def _micro_batch(
 ) -> MicroBatch:
     """The response tokens and steps of `sequences` laid out in `input_ids`, where token t of
     sequence b sits at `where(b, t)` = (batch row, position)."""
-    token_pos, token_step, targets, old = [], [], [], []
+    token_pos, token_step, targets, old, weights = [], [], [], [], []
     value_pos, step_rows = [], []
     for b, seq in enumerate(sequences):
         for row_index, start, stop in seq.spans:
@@ -222,6 +227,7 @@ def _micro_batch(
                 token_step.append(step)
                 targets.append(seq.input_ids[t])
             old.extend(rows[row_index].old_logprobs)
+            weights.extend(rows[row_index].token_weights or [1.0] * (stop - start))
 
     def floats(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32)
@@ -234,6 +240,7 @@ def _micro_batch(
         targets=torch.tensor(targets, dtype=torch.long),
         token_step=torch.tensor(token_step, dtype=torch.long),
         old_logprobs=floats(old),
+        token_weights=floats(weights),
         value_pos=torch.tensor(value_pos, dtype=torch.long).reshape(-1, 2),
         advantages=floats([r.advantage for r in step_rows]),
         returns=floats([r.return_ for r in step_rows]),

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from agent_core.algorithms.losses import aggregate, clipped_policy_loss, kl_penalty, value_loss
+from agent_core.algorithms.off_policy import off_policy_weights
 from agent_core.core import progress
 from agent_core.core.faults import crash_point
 from agent_core.trainer import lora
@@ -70,6 +71,17 @@ class UpdateMetrics:
     # (how far the rollout engine's numerics are from the trainer's; 0 when not recomputed)
     rollout_logprob_diff_mean: float = 0.0
     rollout_logprob_diff_max: float = 0.0
+    # trainer.old_logprobs=recompute, over every response token of the update, rho = pi_proximal
+    # (recomputed) / pi_behaviour (stored): its mean, max and min; the mean weight that
+    # trainer.off_policy_correction puts on a token's loss (1 with none, 0 = masked) and the
+    # shares it truncated (tis) or masked (mis); the k1 estimate of KL(behaviour || proximal)
+    off_policy_ratio_mean: float = 0.0
+    off_policy_ratio_max: float = 0.0
+    off_policy_ratio_min: float = 0.0
+    off_policy_weight_mean: float = 0.0
+    off_policy_truncated_share: float = 0.0
+    off_policy_masked_share: float = 0.0
+    off_policy_kl: float = 0.0
     # where the update's time went: all of it, the old log-prob recompute forwards, and the
     # optimizer steps (grad norm + AdamW); the rest is forward + backward
     seconds: float = 0.0
@@ -217,15 +229,37 @@ class PolicyTrainer:
         return logp, logp_all, values
 
     def _train_rows(self, rows: list[TrainRow], metrics: UpdateMetrics) -> list[TrainRow]:
-        if self.cfg.old_logprobs != "recompute":
+        """`rows` as the update trains them: with old_logprobs=recompute, their `old_logprobs`
+        are the proximal policy's (the trainer's own, recomputed now) and, with an off-policy
+        correction, their `token_weights` come from the stored (behaviour) log-probs."""
+        cfg = self.cfg
+        if cfg.old_logprobs != "recompute":
             return rows
-        recomputed = self._recompute_old_logprobs(rows)
-        diffs = [abs(a - b) for r, q in zip(rows, recomputed, strict=True)
-                 for a, b in zip(r.old_logprobs, q.old_logprobs, strict=True)]  # fmt: skip
-        if diffs:
-            metrics.rollout_logprob_diff_mean = sum(diffs) / len(diffs)
-            metrics.rollout_logprob_diff_max = max(diffs)
-        return recomputed
+        proximal, _ = self._per_step(self.engine.module, rows, with_values=False)
+        flat = [torch.tensor(lp, dtype=torch.float32)[None] for lp in proximal]
+        stored = [torch.tensor(r.old_logprobs, dtype=torch.float32)[None] for r in rows]
+        prox = torch.cat(flat, dim=-1) if flat else torch.zeros(1, 0)
+        ow = off_policy_weights(
+            prox,
+            torch.cat(stored, dim=-1) if stored else torch.zeros(1, 0),
+            torch.ones_like(prox),
+            cfg.off_policy_correction,
+            tis_cap=cfg.tis_cap,
+            mis_low=cfg.mis_low,
+            mis_high=cfg.mis_high,
+        )
+        metrics.rollout_logprob_diff_mean = ow.logprob_diff_mean
+        metrics.rollout_logprob_diff_max = ow.logprob_diff_max
+        metrics.off_policy_ratio_mean, metrics.off_policy_ratio_max = ow.ratio_mean, ow.ratio_max
+        metrics.off_policy_ratio_min, metrics.off_policy_kl = ow.ratio_min, ow.kl
+        metrics.off_policy_weight_mean = ow.weight_mean
+        metrics.off_policy_truncated_share = ow.truncated_share
+        metrics.off_policy_masked_share = ow.masked_share
+        if ow.weights is None:
+            return [replace(r, old_logprobs=lp) for r, lp in zip(rows, proximal, strict=True)]
+        weights = torch.split(ow.weights[0], [len(lp) for lp in proximal])
+        return [replace(r, old_logprobs=lp, token_weights=w.tolist())
+                for r, lp, w in zip(rows, proximal, weights, strict=True)]  # fmt: skip
 
     def update(
         self, rows: list[TrainRow], iteration: int, epochs: int | None = None
@@ -361,6 +395,7 @@ class PolicyTrainer:
                "traj_count": traj_count}  # fmt: skip
         segments = _flat(batch.token_step)
         ones = torch.ones_like(_flat(logp))
+        correcting = cfg.off_policy_correction != "none"
         pg = clipped_policy_loss(
             _flat(logp),
             _flat(batch.old_logprobs),
@@ -370,6 +405,7 @@ class PolicyTrainer:
             clip_eps_high=cfg.clip_eps_high,
             clip_ratio_c=cfg.clip_ratio_c,
             segments=segments,
+            token_weights=_flat(batch.token_weights) if correcting else None,
             **agg,
         )
         loss = pg.loss
@@ -455,10 +491,6 @@ class PolicyTrainer:
                 if vals is not None:
                     values[row] = float(vals[step])
         return logps, values
-
-    def _recompute_old_logprobs(self, rows: list[TrainRow]) -> list[TrainRow]:
-        logps, _ = self._per_step(self.engine.module, rows, with_values=False)
-        return [replace(r, old_logprobs=lp) for r, lp in zip(rows, logps, strict=True)]
 
     def step_values(self, rows: list[TrainRow]) -> list[float]:
         """The value head's estimate at each row's last prompt token."""
