@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import sys
@@ -25,12 +26,13 @@ from pathlib import Path
 from offline import DEFAULT_MODEL, SMOKE_HELP
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = {
-    "collect_shard": "collect",
-    "score": "score",
-    "commit": "write_replay",
-    "update": "update",
-}
+# (module whose attribute the caller looks up at call time, attribute, phase)
+PHASES = [
+    ("agent_core.run.placement", "collect_shard", "collect"),
+    ("agent_core.run.score", "score", "score"),
+    ("agent_core.run.write_replay", "write_replay", "write_replay"),
+    ("agent_core.run.update", "update", "update"),
+]
 MLFLOW = ["log_step_table", "log_checkpoint", "register_checkpoint", "log_json",
           "log_trajectory_traces", "log_metrics", "log_learning_curve", "run_url"]  # fmt: skip
 TASKS = ["score_rollouts", "write_replay", "update_policy", "log_iteration"]
@@ -84,11 +86,11 @@ def instrument() -> None:
     import flows.train as flow_module
     import tasks.iteration as task_module
     from agent_core import tracking
-    from agent_core.run import phases
     from agent_core.run import report as reporting
 
-    for attr, name in PHASES.items():
-        setattr(phases, attr, clocked("body", name, getattr(phases, attr)))
+    for module_name, attr, name in PHASES:
+        module = importlib.import_module(module_name)
+        setattr(module, attr, clocked("body", name, getattr(module, attr)))
     reporting.log_iteration = clocked("body", "log", reporting.log_iteration)
     for name in MLFLOW:  # reporting looks these up on the module at call time
         setattr(tracking, name, clocked("mlflow", name, getattr(tracking, name)))
@@ -150,7 +152,7 @@ def per_iteration(iterations: list[int]) -> list[dict]:
 
 
 def print_table(rows: list[dict], run_dir: Path) -> None:
-    names = [*PHASES.values(), "log"]
+    names = [*(name for _, _, name in PHASES), "log"]
     print(
         f"\n{'iter':>4} {'wall s':>7} "
         + " ".join(f"{n:>12}" for n in names)

@@ -43,7 +43,7 @@ def _run(root: Path, name: str, crash_at: str | None = None) -> subprocess.Compl
     if crash_at:
         env["STEPRL_CRASH_AT"] = crash_at
     cmd = [
-        sys.executable, "-m", "flows.train", "--config", "smoke",
+        sys.executable, "-m", "flows.cli", "train", "--config", "smoke",
         "--set", f"run.name={name}",
         "--set", f"run.iterations={ITERATIONS}",
         "--set", f"run.output_dir={root / 'runs'}",
