@@ -4,6 +4,7 @@ rollouts and updates and `--set key=value` overrides validated by the config."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -298,7 +299,10 @@ def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
 
 
 def main() -> None:
-    """Entry point of the `steprl` script."""
+    """Entry point of the `steprl` script. Like `python -m`, it imports your own modules
+    (`--set env.name=package.module:Class`) from the directory it runs in."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     app()
 
 
