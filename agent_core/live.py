@@ -40,6 +40,9 @@ class RunRuntime:
     trainer: HeldTrainer | None = None
     trainer_version: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # held by whoever samples with the engine (a collect, a training eval, a policy judge), so
+    # that with overlap on no thread swaps its weights while another generates
+    use_lock: threading.RLock = field(default_factory=threading.RLock)
 
 
 _RUNTIMES: dict[str, RunRuntime] = {}
@@ -65,19 +68,30 @@ def release(run_dir: Path) -> None:
         rt.engine.close()  # stops the vLLM server steprl started
 
 
+def engine_use(run_dir: Path) -> threading.RLock:
+    """The lock to hold while sampling with the run's engine (`with live.engine_use(dir):`)."""
+    return runtime_for(run_dir).use_lock
+
+
 def rollout_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Path) -> Engine:
     """An engine holding policy `version`: the cached one, synced from a live trainer, or
-    loaded from the `weights` folder."""
-    return engine_at(cfg, run_dir, version, weights, None)
+    loaded from the `weights` folder. With overlap on, a live trainer may be mid-update in
+    another thread: the weights then come from the committed folder only."""
+    return engine_at(cfg, run_dir, version, weights, None, cfg.overlap.max_staleness == 0)
 
 
 def engine_at(
-    cfg: RunConfig, run_dir: Path, version: int, weights: Path, state: dict | None
+    cfg: RunConfig,
+    run_dir: Path,
+    version: int,
+    weights: Path,
+    state: dict | None,
+    from_trainer: bool = True,
 ) -> Engine:
     """The process's engine made to hold policy `version`: kept if it does, else given the
-    weights (`state` when given, a live trainer's, or the `weights` folder's; a server engine
-    always reloads the folder) without rebuilding it; built from `weights` when there is no
-    engine yet."""
+    weights (`state` when given, a live trainer's when `from_trainer`, or the `weights`
+    folder's; a server engine always reloads the folder) without rebuilding it; built from
+    `weights` when there is no engine yet."""
     rt = runtime_for(run_dir)
     with rt.lock:
         engine = rt.engine
@@ -90,19 +104,25 @@ def engine_at(
         if isinstance(engine, RemoteRolloutEngine):
             engine.load_checkpoint(weights, version)
             return engine
-        if state is None and rt.trainer is not None and rt.trainer_version == version:
+        if (
+            state is None
+            and from_trainer
+            and rt.trainer is not None
+            and rt.trainer_version == version
+        ):
             state = rt.trainer.lm_state_dict()
         engine.load_weights(state if state is not None else folder_state_dict(weights), version)
         return engine
 
 
-def mark_trained(run_dir: Path, version: int) -> None:
-    """Record that the cached trainer now holds policy `version` and give an in-process engine
-    its weights (a server engine reloads the checkpoint folder in the sync phase)."""
+def mark_trained(run_dir: Path, version: int, to_engine: bool = True) -> None:
+    """Record that the cached trainer now holds policy `version` and, when `to_engine`, give an
+    in-process engine its weights (a server engine reloads the checkpoint folder in the sync
+    phase; with overlap on, a collection takes the committed folder at its next turn)."""
     rt = runtime_for(run_dir)
     with rt.lock:
         rt.trainer_version = version
-        if isinstance(rt.engine, HFRolloutEngine) and rt.trainer is not None:
+        if to_engine and isinstance(rt.engine, HFRolloutEngine) and rt.trainer is not None:
             rt.engine.load_weights(rt.trainer.lm_state_dict(), version)
 
 

@@ -17,6 +17,7 @@ from configs.base import Section
 from configs.env import EnvSection
 from configs.eval import EvalSection
 from configs.model import ModelSection
+from configs.overlap import OverlapSection
 from configs.ray_cluster import RaySection
 from configs.replay import ReplaySection
 from configs.reward import RewardSection
@@ -45,6 +46,10 @@ class RunConfig(Section):
     replay: ReplaySection = Field(
         default_factory=ReplaySection, description="Past iterations' rows in each update."
     )
+    overlap: OverlapSection = Field(
+        default_factory=OverlapSection,
+        description="Asynchronous training: collection running ahead of the update.",
+    )
     ray: RaySection = Field(
         default_factory=RaySection, description="Ray, for rollout workers and trainer ranks."
     )
@@ -69,6 +74,18 @@ class RunConfig(Section):
                 f"worker_cpus={r.worker_cpus:g} and trainer.ranks={t.ranks} x rank_cpus="
                 f"{t.rank_cpus:g} ({need:g} CPUs): raise ray.num_cpus to {math.ceil(need)} "
                 "or lower the per-actor CPUs"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _stale_rows_are_corrected(self) -> RunConfig:
+        s = self.overlap.max_staleness
+        if s > 0 and self.trainer.off_policy_correction == "none":
+            raise ValueError(
+                f"overlap.max_staleness={s} trains rows sampled by policies up to {s} versions "
+                "older than the one updated, which the plain PPO ratio does not correct: set "
+                "trainer.off_policy_correction=decoupled (or tis, mis) and "
+                "trainer.old_logprobs=recompute, or overlap.max_staleness=0"
             )
         return self
 

@@ -61,9 +61,17 @@ def train(config: RunConfig) -> TrainSummary:
             warmup_policy(config, run)  # supervised cold start: becomes policy version 0
         if every and run.start_iteration == 1:
             held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
+        # overlap.max_staleness = S: collections of k+1..k+S (k+S+1 under on_stale=drop) run
+        # in task threads while k scores and updates; S = 0 is the sequential loop
+        ahead = config.overlap.max_staleness
+        ahead += 1 if ahead and config.overlap.on_stale == "drop" else 0
+        collecting: dict[int, list] = {}
         for k in range(run.start_iteration, run.iterations + 1):
-            shard_futures = [collect_rollouts.submit(config, run, k, s) for s in range(run.shards)]
-            shards = [future.result() for future in shard_futures]
+            for j in range(k, min(k + ahead, run.iterations) + 1):
+                if j not in collecting:
+                    collecting[j] = [collect_rollouts.submit(config, run, j, s)
+                                     for s in range(run.shards)]  # fmt: skip
+            shards = [future.result() for future in collecting.pop(k)]
             scored = score_rollouts(config, run, k, shards)
             partition = write_replay(config, run, k, scored)
             updated = update_policy(config, run, k, partition)

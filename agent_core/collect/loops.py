@@ -5,6 +5,7 @@ set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from agent_core.envs import env_class, make_env
@@ -22,10 +23,12 @@ def make_loop(
     seed: int,
     temperature: float | None = None,
     tokenizer=None,
+    refresh: Callable[[], None] | None = None,
 ) -> AgentEnvLoop | AgentFunctionLoop:
     """An episode loop over `engine` for the configured env, context and sampling (with no
     engine, only solver demonstrations can run; give the `tokenizer` then), or over the
-    user's agent function when `env.agent` is set."""
+    user's agent function when `env.agent` is set. `refresh` (partial rollouts) is called
+    before each turn of the env loop; an agent function's episodes keep one policy."""
     env = cfg.env
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -47,4 +50,6 @@ def make_loop(
     if env.agent is not None and engine is not None:
         return agent_function_loop(cfg, engine, factory, sampling)
     flow = PromptRenderer(tokenizer if engine is None else engine.tokenizer, env.tool_prompt)
-    return AgentEnvLoop(engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens)
+    return AgentEnvLoop(
+        engine, flow, factory, sampling, cfg.rollout.max_prompt_tokens, refresh=refresh
+    )

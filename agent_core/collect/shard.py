@@ -1,6 +1,6 @@
 """One rollout shard of an iteration end to end: its tasks (`rollout.shard`), the engine at policy
-`iteration - 1`, the episodes, and its staged Arrow file and record; a shard already staged is
-not run again.
+`iteration - 1` (with overlap: the newest committed one), the episodes, and its staged Arrow file
+and record; a shard already staged is not run again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from agent_core.collect.loops import make_loop
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
 from agent_core.core.results import RunHandle, ShardResult
-from agent_core.core.run_folder import policy_weights, shard_files
+from agent_core.core.run_folder import newest_policy, policy_weights, shard_files
 from agent_core.replay.schema import steps_to_table
 from agent_core.replay.store import partition_info, write_ipc
 from agent_core.rollout.loop import RolloutMeta
@@ -31,20 +31,48 @@ def already_done(run: RunHandle, iteration: int, staged: Path, record: Path) -> 
     return staged.is_file() or partition_info(run.run_dir, iteration) is not None
 
 
+def sampling_policy(cfg: RunConfig, run: RunHandle, iteration: int) -> int:
+    """The policy version iteration `iteration` starts sampling with: `iteration - 1` in the
+    sequential loop; with overlap, the newest committed one (never newer than `iteration - 1`).
+    Under `on_stale: wait` it is at least `iteration - 1 - S` (waits for it: the flow submits
+    no collection earlier, so only a collection racing a slow commit ever waits)."""
+    if cfg.overlap.max_staleness == 0:
+        return iteration - 1
+    floor = iteration - 1 - cfg.overlap.max_staleness
+    while (version := newest_policy(run.run_dir, iteration - 1)) < floor:
+        if cfg.overlap.on_stale == "drop":
+            break
+        time.sleep(0.5)
+    return version
+
+
 def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
-    """The shard's episodes with policy `iteration - 1` (deterministic for a seed): steps and
-    rollout statistics. No files are written."""
+    """The shard's episodes (deterministic for a seed and the policy versions sampling them):
+    steps and rollout statistics. No files are written. In the sequential loop the policy is
+    `iteration - 1`; with overlap, the newest committed one, and with partial rollouts each
+    turn takes a policy committed meanwhile."""
+    run_dir = Path(run.run_dir)
     tasks = shard_tasks(iteration_tasks(cfg, iteration), shard, shard_count(cfg))
-    version = iteration - 1
-    engine = live.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version))
-    loop = make_loop(cfg, engine, seed=cfg.run.seed * 7_919 + iteration * 104_729 + shard)
-    meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
-    return loop.run(tasks, cfg.rollout.group_size, meta)
+    seed = cfg.run.seed * 7_919 + iteration * 104_729 + shard
+    with live.engine_use(run_dir):  # no other thread swaps the weights while this samples
+        version = sampling_policy(cfg, run, iteration)
+        engine = live.rollout_engine(cfg, run_dir, version, policy_weights(run, version))
+        refresh = None
+        if cfg.overlap.max_staleness > 0 and cfg.overlap.partial_rollouts:
+
+            def refresh() -> None:
+                newest = newest_policy(run_dir, iteration - 1)
+                if newest > engine.policy_version:
+                    live.rollout_engine(cfg, run_dir, newest, policy_weights(run, newest))
+
+        loop = make_loop(cfg, engine, seed=seed, refresh=refresh)
+        meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
+        return loop.run(tasks, cfg.rollout.group_size, meta)
 
 
 def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
-    """Run this shard's share of the iteration's episodes with policy `iteration - 1` and stage
-    their steps as Arrow IPC."""
+    """Run this shard's share of the iteration's episodes (`run_shard`) and stage their steps
+    as Arrow IPC."""
     start = time.perf_counter()
     out, meta_file = shard_files(run.run_dir, iteration, shard)
     if already_done(run, iteration, out, meta_file):

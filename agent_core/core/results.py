@@ -94,3 +94,9 @@ class UpdateResult(BaseModel):
         description="The past rows the update mixed in (replay.past_iterations > 0), each as "
         "(iteration, trajectory_id, step_index); empty without replay.",
     )
+    tasks: dict[str, str] = Field(
+        default_factory=dict,
+        description="Every task id the iteration drew -> 'trained' (some row of it was in the "
+        "update), or why not: 'stale' (older than overlap.max_staleness), 'zero_variance' (no "
+        "row with a nonzero advantage), 'failed' (no row: every episode lost).",
+    )

@@ -80,6 +80,15 @@ def write_latest(run_dir: Path, iteration: int) -> None:
     atomic_write_text(run_dir / CHECKPOINTS / LATEST, f"iter_{iteration:04d}\n")
 
 
+def newest_policy(run_dir: str | Path, upto: int) -> int:
+    """The newest policy version <= `upto` whose update is committed (its record written after
+    its checkpoint), or 0 (the warm-up checkpoint or the base model) when there is none."""
+    for version in range(upto, 0, -1):
+        if update_record(run_dir, version).is_file():
+            return version
+    return 0
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     folders = sorted((run_dir / CHECKPOINTS).glob("iter_[0-9][0-9][0-9][0-9]"))
     for old in folders[:-keep]:

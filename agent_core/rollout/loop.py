@@ -72,8 +72,13 @@ class AgentEnvLoop:
         make_env: Callable[[], AgentEnv],
         sampling: SamplingParams,
         max_prompt_tokens: int,
+        refresh: Callable[[], None] | None = None,
     ) -> None:
+        """`refresh`, when given, is called before each turn's generate and may give the engine
+        a newer policy (partial rollouts): each step then records the engine's policy_version
+        at the turn that sampled it instead of the rollout's."""
         self.engine = engine
+        self.refresh = refresh
         self.flow = flow
         self.make_env = make_env
         self.sampling = sampling
@@ -93,9 +98,13 @@ class AgentEnvLoop:
         while live := [ep for ep in episodes if not ep.done]:
             params = replace(self.sampling, seed=self.sampling.seed + 7919 * turn)
             start, start_ns = time.perf_counter(), time.time_ns()
+            turn_meta = meta
             if solver:
                 generations = [self._solver_reply(ep) for ep in live]
             else:
+                if self.refresh is not None:
+                    self.refresh()
+                    turn_meta = replace(meta, policy_version=self.engine.policy_version)
                 generations = self.engine.generate([ep.prompt_ids for ep in live], params)
             stats.generate_seconds += time.perf_counter() - start
             # one batched call generated every live episode's step: each step records its span
@@ -105,7 +114,7 @@ class AgentEnvLoop:
             stats.generated_tokens += sum(len(g.token_ids) for g in generations)
             start = time.perf_counter()
             for ep, gen in zip(live, generations, strict=True):
-                self._advance(ep, gen, meta, stats, dict(timing))
+                self._advance(ep, gen, turn_meta, stats, dict(timing))
                 if ep.done:
                     progress.advance("rollout")
             stats.env_seconds += time.perf_counter() - start

@@ -210,8 +210,9 @@ def evaluate_in_training(
     if marker.is_file():
         return EvalOutcome.model_validate_json(marker.read_text())
     weights = Path(run.base_model) if before_warmup else policy_weights(run, version)
-    engine = live.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
-    outcome = evaluate_engine(cfg, engine, version, str(weights), out)
+    with live.engine_use(run_dir):  # with overlap on, a collection may be sampling with it
+        engine = live.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
+        outcome = evaluate_engine(cfg, engine, version, str(weights), out)
     if before_warmup:
         renamed = {k.replace("eval/", "eval_base/", 1): v for k, v in outcome.metrics.items()}
         outcome = outcome.model_copy(update={"metrics": renamed})

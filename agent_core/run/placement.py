@@ -25,7 +25,10 @@ class SyncResult(BaseModel):
 
     iteration: int
     policy_version: int
-    mode: str = Field(description="'in-process', 'server', 'checkpoint' or 'object_store'.")
+    mode: str = Field(
+        description="'in-process', 'server', 'checkpoint', 'object_store', or 'at-next-turn' "
+        "(overlap on: collections load the committed folder themselves)."
+    )
     workers: int
     seconds: float
 
@@ -52,7 +55,12 @@ def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:
     """Make every rollout engine hold policy `iteration` before it samples again: the
     in-process engine takes the trainer's weights in memory (done by the update itself); a
     server engine's server loads the checkpoint folder; workers load the checkpoint folder, or
-    read the weights once put into Ray's object store."""
+    read the weights once put into Ray's object store. With overlap on, nothing is pushed:
+    every collection takes the newest committed checkpoint folder when it starts and (partial
+    rollouts) at its next turn, so a busy worker is never waited for here."""
+    if cfg.overlap.max_staleness > 0:
+        return SyncResult(iteration=iteration, policy_version=iteration, mode="at-next-turn",
+                          workers=cfg.rollout.workers, seconds=0.0)  # fmt: skip
     if cfg.rollout.workers == 0 and cfg.rollout.engine != "hf":  # the server loads the folder
         weights = policy_weights(run, iteration)
         seconds = live.sync_server_engine(cfg, Path(run.run_dir), iteration, weights)

@@ -136,8 +136,11 @@ def _open_run(cfg: RunConfig, run_dir: Path, tags: dict[str, str]) -> RunHandle:
     start = 1
     while is_logged(run_dir, start):
         start += 1
-    for problem in repair_iteration(run_dir, start):
-        log.warning("redoing work of iteration %d: %s", start, problem)
+    # with overlap, the S (S+1 under on_stale=drop) iterations after `start` may have staged
+    # shards too: collections that ran ahead of the update
+    for k in range(start, start + cfg.overlap.max_staleness + 2):
+        for problem in repair_iteration(run_dir, k):
+            log.warning("redoing work of iteration %d: %s", k, problem)
     target = start - 1 + cfg.run.continue_for if cfg.run.continue_for else cfg.run.iterations
     first_weights = warmup_dir(run_dir) if cfg.warmup.enabled else base
     return RunHandle(

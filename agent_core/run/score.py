@@ -5,6 +5,7 @@ the scored steps are staged for the commit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from agent_core.run import trainers
 from agent_core.run.update import skips_zero_advantage
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.trainer.batching import TrainRow
+from configs.judge import JUDGE_POLICY, JudgeTerm
 from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -172,9 +174,16 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
         lambda: live.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version)),
     )
     seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
-    metrics = score_steps(
-        steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
+    # a 'policy' judge samples with the run's engine: with overlap on, a collection may be
+    # sampling with it in another thread, so scoring then waits for it to finish
+    judged_by_policy = any(
+        isinstance(t, JudgeTerm) and t.model == JUDGE_POLICY for t in cfg.reward.terms or []
     )
+    use = live.engine_use(Path(run.run_dir)) if judged_by_policy else contextlib.nullcontext()
+    with use:
+        metrics = score_steps(
+            steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
+        )
     metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     return metrics | _episode_metrics(steps) | _update_diagnostics(cfg, steps)
 

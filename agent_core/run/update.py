@@ -1,6 +1,7 @@
 """The update phase: policy `iteration - 1` trained on the iteration's committed rows (plus
-replayed rows of earlier iterations when `replay` is on), checkpoint `iteration` saved, the
-`latest` pointer moved and old checkpoints pruned.
+replayed rows of earlier iterations when `replay` is on; with overlap, less the rows older than
+`overlap.max_staleness`), checkpoint `iteration` saved, what became of each drawn task recorded,
+the `latest` pointer moved and old checkpoints pruned.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agent_core import live
 from agent_core.algorithms.diagnostics import (
     reward_after_update_estimate,
 )
+from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
 from agent_core.core.results import PartitionResult, RunHandle, UpdateResult
@@ -28,6 +30,15 @@ from agent_core.core.run_folder import (
     write_latest,
 )
 from agent_core.replay.buffer import ReplaySelection, replayed_table, select_replay
+from agent_core.replay.staleness import (
+    FAILED,
+    STALE,
+    TRAINED,
+    ZERO_VARIANCE,
+    stale_mask,
+    staleness_metrics,
+    task_outcomes,
+)
 from agent_core.replay.store import read_partition, scan_committed
 from agent_core.run import trainers
 from agent_core.trainer.batching import TrainRow
@@ -127,7 +138,11 @@ def update(
     trainer = trainers.policy_trainer(
         cfg, run_dir, version, policy_weights(run, version), policy_weights(run, 0)
     )
-    table = read_partition(run_dir, iteration)
+    partition_rows = read_partition(run_dir, iteration)
+    # rows older than the bound are dropped and counted; in the sequential loop every row is
+    # of policy `version`, unless a run that overlapped left staged rows and was rerun without
+    too_old = stale_mask(partition_rows, version, cfg.overlap.max_staleness)
+    table = partition_rows.filter(pa.array(~too_old))
     rows = train_rows(table, cfg)
     past = replayed_rows(cfg, run_dir, iteration, len(rows))
     metrics = metrics_dict(trainer.update(rows if past is None else rows + past.rows, iteration))
@@ -135,6 +150,11 @@ def update(
         metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
     if past is not None:
         metrics |= past.selection.metrics()
+    metrics |= staleness_metrics(partition_rows, version, too_old)
+    drawn = [task.task_id for task in iteration_tasks(cfg, iteration)]
+    tasks = task_outcomes(drawn, partition_rows, too_old, skips_zero_advantage(cfg))
+    for outcome in (TRAINED, STALE, ZERO_VARIANCE, FAILED):
+        metrics[f"async/tasks_{outcome}"] = float(sum(o == outcome for o in tasks.values()))
     crash_point("update", iteration)
     saving = time.perf_counter()
     trainer.save(
@@ -150,11 +170,15 @@ def update(
         metrics=metrics,
         seconds=time.perf_counter() - start,
         replayed=[] if past is None else past.selection.record(),
+        tasks=tasks,
     )
     # record first, prune last: a crash in between retrains from a checkpoint that still exists
     atomic_write_text(record, result.model_dump_json())
     write_latest(run_dir, iteration)
-    live.mark_trained(run_dir, iteration)
-    prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
+    # with overlap on, a collection in another thread takes the committed folder at its next
+    # turn; the S+1 newest checkpoints stay while collections may still load them
+    overlap = cfg.overlap.max_staleness
+    live.mark_trained(run_dir, iteration, to_engine=overlap == 0)
+    prune_checkpoints(run_dir, max(cfg.trainer.keep_checkpoints, overlap + 1))
     live.return_free_memory()
     return result

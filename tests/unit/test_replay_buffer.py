@@ -194,7 +194,7 @@ class _FakeTrainer:
 def _update(cfg: RunConfig, run_dir: Path, monkeypatch, iteration: int = 3):
     trainer = _FakeTrainer()
     monkeypatch.setattr(update_phase.trainers, "policy_trainer", lambda *a: trainer)
-    monkeypatch.setattr(live, "mark_trained", lambda *a: None)
+    monkeypatch.setattr(live, "mark_trained", lambda *a, **k: None)
     run = RunHandle(run_dir=str(run_dir), mlflow_run_id="m", base_model="base",
                     start_iteration=1, iterations=iteration)  # fmt: skip
     part = PartitionResult.model_construct()
