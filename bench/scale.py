@@ -144,18 +144,30 @@ def params_of(model: Path) -> float:
     return n * (4 * h * h + 3 * h * i) + v * h
 
 
-def cost(result: dict, params: float) -> dict[str, tuple[float, float]]:
+def cost(result: dict, params: float, recompute: bool = False) -> dict[str, tuple[float, float]]:
     """(FLOPs, bytes) per phase. Rollout: 2N per prefilled or generated token (prefill
     shares the batch prefix, so prompt tokens are an upper bound), weights read once per
     decoding step (at most max_new_tokens steps per batched generate call); update: 6N per
-    processed token + AdamW over 16 B/param; sync: the fp32 weights."""
+    processed token (8N with `recompute`: trainer.old_logprobs=recompute adds a forward) +
+    AdamW over 16 B/param; sync: the fp32 weights."""
     tok = result["tokens"]
     steps = max(1.0, tok["decode_steps"])
+    per_token = 8 if recompute else 6
     return {
         "collect": (2 * params * (tok["generated"] + tok["prompt"]), 4 * params * steps),
-        "update": (6 * params * tok["processed"], 16 * params * 3),
+        "update": (per_token * params * tok["processed"], 16 * params * 3),
         "sync": (0.0, 4 * params),
     }
+
+
+def gpu_phases(costs: dict, params: float, k: int) -> dict[str, float]:
+    """Seconds of collect (bandwidth-bound decode + compute-bound prefill), update (with a
+    ring all-reduce of fp32 gradients when k > 1) and sync on k H100-class GPUs."""
+    decode = costs["collect"][1] / (GPU["hbm"] * k)
+    prefill = costs["collect"][0] / (GPU["flops"] * GPU["update_eff"] * k)
+    update = costs["update"][0] / (GPU["flops"] * GPU["update_eff"] * k)
+    update += 2 * 4 * params / GPU["link"] * (k > 1)
+    return {"collect": decode + prefill, "update": update, "sync": costs["sync"][1] / GPU["link"]}
 
 
 def report(results: list[dict], model: Path) -> None:
@@ -205,13 +217,9 @@ def predict(results: list[dict], params: float) -> None:
     print("\npredicted iteration on k GPUs (H100-class; workers = ranks = k; not measured here)")
     print("   k  collect s  update s  sync s  iteration s")
     for k in (1, 2, 4, 8):
-        decode = costs["collect"][1] / (GPU["hbm"] * k)
-        prefill = costs["collect"][0] / (GPU["flops"] * GPU["update_eff"] * k)
-        update = costs["update"][0] / (GPU["flops"] * GPU["update_eff"] * k)
-        update += 2 * 4 * params / GPU["link"] * (k > 1)  # gradient all-reduce (ring, fp32)
-        sync = costs["sync"][1] / GPU["link"]
-        total = decode + prefill + update + sync
-        print(f"{k:4d} {decode + prefill:10.3g} {update:9.3g} {sync:7.3g} {total:12.3g}")
+        g = gpu_phases(costs, params, k)
+        total = g["collect"] + g["update"] + g["sync"]
+        print(f"{k:4d} {g['collect']:10.3g} {g['update']:9.3g} {g['sync']:7.3g} {total:12.3g}")
 
 
 def main() -> int:

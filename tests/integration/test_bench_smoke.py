@@ -24,9 +24,19 @@ EXPECTED = {
     "vs_trl": ["speed-up steprl vs TRL"],
     "scale": ["peak RSS MB per process kind", "cost model"],
     "serve": ["server req/s", "server/engine ="],
+    "async": [
+        "wall seconds per iteration in steady state",
+        "overlap achieved",
+        "staleness of the committed rows",
+        "importance weights",
+        "held-out success",
+        "cost model, this box",
+        "predicted iteration on k GPUs",
+        "timeline:",
+    ],
 }
 # engines, trainers, flows
-HEAVY = {"update", "rollout", "memory", "overhead", "vs_trl", "scale", "serve"}
+HEAVY = {"update", "rollout", "memory", "overhead", "vs_trl", "scale", "serve", "async"}
 
 
 def test_every_bench_has_a_smoke_test() -> None:

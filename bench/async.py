@@ -1,0 +1,459 @@
+"""Sequential against asynchronous training on this box: `overlap.max_staleness` S = 0, 1, 2 with
+0 and 2 rollout workers, and what a cost model predicts for both loops on k GPUs.
+
+Runs the real `train` flow once per layout, each in a fresh subprocess (Prefect embedded, MLflow
+on sqlite in the bench's temp folder, a local Ray for workers), on the demo preset
+(`calculator_grpo`, SmolLM2-135M). Every layout, S = 0 included, trains with
+`trainer.off_policy_correction=decoupled` and `trainer.old_logprobs=recompute` (S >= 1 needs
+them), so that only the overlap differs. Per layout it prints: wall seconds per iteration in
+steady state (iteration 1, which builds engine and trainer, left out; held-out evaluations
+subtracted), per-phase seconds, the overlap achieved (seconds a collect and an update task run
+both ran, from the Prefect API, and seconds the step rows' generate spans fell inside an
+update), the ratio against S = 0 with the same workers, the staleness of the trained rows (the
+committed partitions' `policy_version` against iteration - 1, and the updates' `actor/async/*`),
+the importance weights (`actor/off_policy_*`), and held-out success after the same iterations
+and after the sequential run's wall time. A timeline of each layout's phases goes to an MLflow
+run in the bench's database. bench/scale.py's cost model, with each phase's CPU use measured
+here, predicts S >= 1 on this box from S = 0, and both loops on k GPUs.
+
+Run: nice -n 10 .venv/bin/python bench/async.py (defaults: --tasks 4 --iterations 4
+--eval-every 2 --eval-episodes 16, six layouts: ~30 min on 2 cores); --smoke: the tiny random
+model, S = 0 and S = 1 without workers, seconds each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from uuid import UUID
+
+from offline import DEFAULT_MODEL, SMOKE_HELP, prepare
+from scale import cost, gpu_phases, params_of
+
+EXPERIMENT = "steprl-bench-async"
+PHASES = ["collect", "score", "write_replay", "update", "sync", "log"]
+# the flow's chain besides collect, by Prefect task name: what S >= 1 overlaps the collect with
+REST = ["score_rollouts", "write_replay", "update_policy", "sync_weights", "log_iteration"]
+OFF_POLICY = ["ratio_min", "ratio_mean", "ratio_max", "weight_mean", "kl"]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One layout: run the flow, print one JSON line of what it measured."""
+    staleness, workers = (int(x) for x in args.layout.split("x"))
+    os.chdir(args.root)  # every layout's run folder and MLflow run in the bench's one store
+    from agent_core.config.load import load_config
+
+    preset = "smoke" if args.smoke else "calculator_grpo"
+    overrides = [
+        f"model.path={args.model}",
+        f"run.name=async-S{staleness}-w{workers}",
+        f"run.iterations={args.iterations}",
+        f"rollout.tasks_per_iteration={args.tasks}",
+        f"rollout.workers={workers}",
+        f"ray.num_cpus={workers + 1}",
+        f"overlap.max_staleness={staleness}",
+        "trainer.off_policy_correction=decoupled",
+        "trainer.old_logprobs=recompute",
+        f"eval.every={args.eval_every}",
+        f"eval.episodes={args.eval_episodes}",
+        f"tracking.experiment={EXPERIMENT}",
+        "tracking.log_checkpoints=false",
+        "tracking.traces_per_iteration=0",
+    ]
+    config = load_config(preset, overrides)
+    cpu: list[tuple[float, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_cpu, args=(cpu, stop), daemon=True)
+    sampler.start()
+    from flows.train import train
+
+    t0 = time.time()
+    summary = train(config)
+    wall = time.time() - t0
+    stop.set()
+    sampler.join()
+    run_dir = Path(summary.run_dir)
+    logged = [
+        json.loads((run_dir / f"iter_{k:04d}" / "logged.json").read_text())["metrics"]
+        for k in summary.iterations_run
+    ]
+    spans = task_spans(run_dir, t0)
+    windows, ages = step_windows(run_dir, t0)
+    evals = eval_points(run_dir, spans)
+    shutil.rmtree(run_dir / "checkpoints")  # ~1.6 GB each on the demo model; figures are kept
+    print(json.dumps({
+        "layout": args.layout, "staleness": staleness, "workers": workers, "wall": wall,
+        "metrics": logged, "spans": spans, "windows": windows, "ages": ages, "evals": evals,
+        "cpu": [(t - t0, c) for t, c in cpu], "max_new_tokens": config.rollout.max_new_tokens,
+        "mlflow_run_id": summary.mlflow_run_id,
+    }))  # fmt: skip
+
+
+def sample_cpu(samples: list[tuple[float, float]], stop: threading.Event) -> None:
+    """(time, CPU seconds used so far) of the flow's process and every process under it (Ray
+    workers, Prefect's server), every 0.25 s."""
+    import psutil
+
+    me = psutil.Process()
+    while not stop.wait(0.25):
+        used = 0.0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            used += times.user + times.system
+        samples.append((time.time(), used))
+
+
+def task_spans(run_dir: Path, t0: float) -> list[tuple[str, float, float]]:
+    """(task name, start, end) of the flow run's task runs, in seconds since the flow was
+    called, as the Prefect API records them, by start."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run = UUID((run_dir / "prefect_flow_run_id").read_text().strip())
+    ids = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=ids)
+    spans = [
+        (r.name.rsplit("-", 1)[0], r.start_time.timestamp() - t0, r.end_time.timestamp() - t0)
+        for r in runs
+        if r.start_time and r.end_time
+    ]
+    return sorted(spans, key=lambda s: s[1])
+
+
+def step_windows(run_dir: Path, t0: float) -> tuple[list, dict]:
+    """Each batched generate call of the committed step rows as (iteration, policy version,
+    start, end), in seconds since the flow was called, and the number of rows at each staleness
+    (iteration - 1 minus the row's policy_version)."""
+    from agent_core.replay import scan_steps
+
+    steps = scan_steps(run_dir).select(["iteration", "policy_version", "info"]).collect()
+    windows, ages = set(), Counter()
+    for iteration, version, info in steps.iter_rows():
+        timing = json.loads(info)["timing"]
+        start, end = timing["generate_start_ns"] / 1e9 - t0, timing["generate_end_ns"] / 1e9 - t0
+        windows.add((iteration, version, start, end))
+        ages[iteration - 1 - version] += 1
+    return sorted(windows, key=lambda w: w[2]), dict(ages)
+
+
+def eval_points(run_dir: Path, spans: list) -> list[tuple[int, float, float]]:
+    """(policy version, held-out success, seconds since the flow was called when it ended) of
+    each held-out evaluation; the flow runs them in version order, one at a time."""
+    from agent_core.run.evaluate import EvalOutcome
+
+    records = run_dir.glob("eval/*/result.json")
+    outcomes = sorted(
+        (EvalOutcome.model_validate_json(p.read_text()) for p in records),
+        key=lambda o: o.policy_version,
+    )
+    ends = [end for name, _, end in spans if name == "evaluate_policy"]
+    return [(o.policy_version, o.success_rate, end) for o, end in zip(outcomes, ends, strict=True)]
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def both(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Seconds inside both sets of intervals."""
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in union(a) for s2, e2 in union(b))
+
+
+def of(spans: list, *names: str) -> list[tuple[float, float]]:
+    return [(s, e) for name, s, e in spans if name in names]
+
+
+def steady(result: dict) -> dict:
+    """Steady-state figures of a layout: from the end of iteration 1's log task to the end of
+    the last one, less the held-out evaluations inside that window."""
+    spans = result["spans"]
+    logs = [end for name, _, end in spans if name == "log_iteration"]
+    lo, hi = logs[0], logs[-1]
+    evals = sum(e - s for s, e in of(spans, "evaluate_policy") if lo <= s and e <= hi)
+    inside = [(max(s, lo), min(e, hi)) for s, e in of(spans, *REST) if e > lo and s < hi]
+    collects = [(max(s, lo), min(e, hi)) for s, e in of(spans, "collect_rollouts") if e > lo]
+    generating = [(s, e) for _, _, s, e in result["windows"]]
+    rest_iters = result["metrics"][1:]
+    return {
+        "iteration": (hi - lo - evals) / (len(logs) - 1),
+        "phases": {p: mean([m.get(f"timing_s/{p}", 0.0) for m in rest_iters]) for p in PHASES},
+        "eval": mean([e - s for s, e in of(spans, "evaluate_policy")]),
+        "collect_update": both(of(spans, "collect_rollouts"), of(spans, "update_policy")),
+        "generate_update": both(generating, of(spans, "update_policy")),
+        "generate_rest": both(generating, of(spans, *REST)),
+        "window": (lo, hi),
+        "collect_cores": cores(result["cpu"], union(collects)),
+        "rest_cores": cores(result["cpu"], union(inside)),
+    }
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def cores(cpu: list[tuple[float, float]], intervals: list[tuple[float, float]]) -> float:
+    """CPU cores the run's processes used on average inside `intervals`."""
+
+    def used_at(t: float) -> float:  # CPU seconds used by time t (linear between samples)
+        for (ta, ca), (tb, cb) in pairwise(cpu):
+            if ta <= t <= tb:
+                return ca + (cb - ca) * (t - ta) / max(tb - ta, 1e-9)
+        return cpu[-1][1] if t > cpu[-1][0] else cpu[0][1]
+
+    seconds = sum(e - s for s, e in intervals)
+    return sum(used_at(e) - used_at(s) for s, e in intervals) / max(seconds, 1e-9)
+
+
+def over(r: dict, name: str, agg=sum) -> float:
+    """`agg` of a layout's `actor/async/<name>` over its iterations."""
+    return agg([m.get(f"actor/async/{name}", 0.0) for m in r["metrics"]])
+
+
+def label(r: dict) -> str:
+    return f"S={r['staleness']} w={r['workers']}"
+
+
+def report(results: list[dict], model: Path) -> dict[str, dict]:
+    figures = {label(r): steady(r) for r in results}
+    base = {r["workers"]: figures[label(r)] for r in results if r["staleness"] == 0}
+    print("\nwall seconds per iteration in steady state (held-out evals left out) and per phase "
+          "(timing_s/*, mean over iterations 2..N)")  # fmt: skip
+    head = "".join(f"{p:>13}" for p in PHASES)
+    print(f"{'layout':<9} {'iter s':>7} {'vs S=0':>7}{head}{'eval':>7}")
+    for r in results:
+        f = figures[label(r)]
+        ratio = f["iteration"] / base[r["workers"]]["iteration"] if r["workers"] in base else 0
+        cells = "".join(f"{f['phases'][p]:13.2f}" for p in PHASES)
+        print(f"{label(r):<9} {f['iteration']:7.2f} {ratio:7.2f}{cells}{f['eval']:7.2f}")
+    print(
+        "\noverlap achieved over the whole run, seconds: collect task run || update task run "
+        "(Prefect API); generating (step rows' generate spans) || update, || score..log"
+    )
+    for r in results:
+        f = figures[label(r)]
+        print(f"  {label(r):<9} collect||update {f['collect_update']:7.1f}   generating||update "
+              f"{f['generate_update']:7.1f}   generating||score..log {f['generate_rest']:7.1f}   "
+              f"(run wall {r['wall']:.0f} s)")  # fmt: skip
+    print("\nstaleness of the committed rows (iteration - 1 - policy_version: share of rows) and "
+          "the updates' actor/async/* over the run")  # fmt: skip
+    for r in results:
+        rows = sum(r["ages"].values())
+        shares = ", ".join(f"{a}: {n / rows:.2f}" for a, n in sorted(r["ages"].items()))
+        print(f"  {label(r):<9} rows {rows:4d}  age {shares}   mean "
+              f"{over(r, 'staleness_mean', mean):.2f}, max {over(r, 'staleness_max', max):.0f}, "
+              f"dropped {over(r, 'dropped_stale_rows'):.0f}, mixed-version trajectories "
+              f"{over(r, 'mixed_version_trajectories'):.0f}, tasks trained "
+              f"{over(r, 'tasks_trained'):.0f} / zero-variance "
+              f"{over(r, 'tasks_zero_variance'):.0f}")  # fmt: skip
+    print("\nimportance weights rho = pi_proximal / pi_behaviour per update (actor/off_policy_*: "
+          "ratio min / mean / max, weight mean, KL), iterations 1..N")  # fmt: skip
+    for r in results:
+        for k, m in enumerate(r["metrics"], 1):
+            cells = " ".join(f"{m.get(f'actor/off_policy_{n}', 0.0):8.4f}" for n in OFF_POLICY)
+            print(f"  {label(r):<9} iter {k}: {cells}   staleness mean "
+                  f"{m.get('actor/async/staleness_mean', 0.0):.2f}")  # fmt: skip
+    held_out(results)
+    predict(results, figures, model)
+    return figures
+
+
+def held_out(results: list[dict]) -> None:
+    """Held-out success after the same iterations (the last eval) and after the same wall time
+    (the latest eval that ended within the S = 0 run's wall time, same workers)."""
+    walls = {r["workers"]: r["wall"] for r in results if r["staleness"] == 0}
+    print("\nheld-out success (eval/success_rate): after the same trained iterations, and after "
+          "the S=0 run's wall time (same workers)")  # fmt: skip
+    for r in results:
+        if not r["evals"]:
+            continue
+        version, success, _ = r["evals"][-1]
+        line = f"  {label(r):<9} after iteration {version}: {success:.3f}"
+        budget = walls.get(r["workers"])
+        within = [e for e in r["evals"] if budget is not None and e[2] <= budget]
+        if within:
+            v, s, t = within[-1]
+            line += f"   within {budget:.0f} s: {s:.3f} (policy {v}, ended at {t:.0f} s)"
+        print(line + "   all: " + ", ".join(f"{v}:{s:.3f}@{t:.0f}s" for v, s, t in r["evals"]))
+
+
+def predict(results: list[dict], figures: dict[str, dict], model: Path) -> None:
+    """S >= 1 on this box from S = 0 with the same workers, and both loops on k GPUs.
+
+    In flows/train.py the collection of k+1 runs while k scores, writes, updates, syncs and
+    logs, so in steady state an iteration is the longer of the collect and the rest of the
+    flow's chain, if the two have their own hardware. On this box they share the cores: the
+    iteration cannot be shorter than the CPU work of both over the cores the S = 0 run got."""
+    print("\ncost model, this box (calibrated on S=0 with the same workers): iteration s")
+    print(f"{'layout':<9} {'S=0 measured':>12} {'own hardware':>13} {'shared cores':>13} "
+          f"{'measured':>9}   (S=0: collect s / cores, rest s / cores)")  # fmt: skip
+    for r in results:
+        base = next((x for x in results if x["staleness"] == 0 and x["workers"] == r["workers"]),
+                    None)  # fmt: skip
+        if r["staleness"] == 0 or base is None:
+            continue
+        b = figures[label(base)]
+        collect = mean([e - s for s, e in of(base["spans"], "collect_rollouts")
+                        if s >= b["window"][0]])  # fmt: skip
+        rest = b["iteration"] - collect
+        own = max(collect, rest)
+        got = max(b["collect_cores"], b["rest_cores"])
+        shared = max(own, (collect * b["collect_cores"] + rest * b["rest_cores"]) / got)
+        print(f"{label(r):<9} {b['iteration']:12.2f} {own:13.2f} {shared:13.2f} "
+              f"{figures[label(r)]['iteration']:9.2f}   ({collect:.1f} / {b['collect_cores']:.2f}"
+              f", {rest:.1f} / {b['rest_cores']:.2f})")  # fmt: skip
+    base = next(r for r in results if r["staleness"] == 0 and r["workers"] == 0)
+    b = figures[label(base)]
+    m = base["metrics"][1:] or base["metrics"]
+    tokens = {
+        "generated": mean([x["rollout/generated_tokens"] for x in m]),
+        "prompt": mean([x.get("rollout/prompt_tokens", 0.0) for x in m]),
+        "decode_steps": mean([x["rollout/generate_calls"] for x in m]) * base["max_new_tokens"],
+        "processed": mean([x.get("actor/padded_tokens", 0.0) for x in m]),
+    }
+    params = params_of(model)
+    costs = cost({"tokens": tokens}, params, recompute=True)
+    # what stays on the host: the flow's chain besides the update and the sync, measured here
+    host = b["iteration"] - b["phases"]["collect"] - b["phases"]["update"] - b["phases"]["sync"]
+    print(f"\npredicted iteration on k GPUs (H100-class; {params / 1e6:.0f}M parameters, the S=0 "
+          f"w=0 iteration's tokens; score, write, log and Prefect as measured here: "
+          f"{host:.2f} s; not measured here)")  # fmt: skip
+    print("   k  collect s  update s  sequential s  async s  async/seq  async layout")
+    for k in (1, 2, 4, 8):
+        g = gpu_phases(costs, params, k)
+        sequential = g["collect"] + g["update"] + g["sync"] + host
+        # one GPU set shared in time: the GPUs do both phases; the flow's chain still waits
+        # for the update (the collection takes the new weights itself at its next turn)
+        options = {f"{k} shared": max(g["collect"] + g["sync"] + g["update"], g["update"] + host)}
+        for r in range(1, k):  # r GPUs roll out while k - r train
+            c, u = gpu_phases(costs, params, r), gpu_phases(costs, params, k - r)
+            options[f"{r} rollout + {k - r} train"] = max(c["collect"] + c["sync"],
+                                                          u["update"] + host)  # fmt: skip
+        best = min(options, key=options.get)
+        print(f"{k:4d} {g['collect']:10.3g} {g['update']:9.3g} {sequential:13.3g} "
+              f"{options[best]:8.3g} {options[best] / sequential:10.2f}  {best}")  # fmt: skip
+
+
+LANES = ["generating", "collect_rollouts", "score_rollouts+write_replay", "update_policy",
+         "sync_weights+log_iteration", "evaluate_policy"]  # fmt: skip
+LANE_LABELS = ["generating", "collect", "score+write", "update", "sync+log", "evaluate"]
+COLORS = {"collect_rollouts": "tab:blue", "score_rollouts": "tab:olive",
+          "write_replay": "tab:olive", "update_policy": "tab:red", "sync_weights": "tab:gray",
+          "log_iteration": "tab:gray", "evaluate_policy": "tab:purple"}  # fmt: skip
+AGE_COLORS = ["tab:green", "tab:orange", "tab:brown", "black"]
+
+
+def plot_timeline(results: list[dict], root: Path, figures: dict[str, dict]) -> None:
+    """One panel per layout: the Prefect task runs by phase (collect task runs drawn see-through,
+    so two at once look darker) and the step rows' generate calls coloured by staleness; logged
+    to an MLflow run of the bench's experiment."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("\ntimeline: matplotlib is not installed in this venv, so no plot was drawn")
+        return
+    end = max(r["wall"] for r in results)
+    fig, axes = plt.subplots(len(results), 1, figsize=(14, 2.2 * len(results)), sharex=True)
+    for ax, r in zip(list(fig.axes if len(results) > 1 else [axes]), results, strict=True):
+        lane = {name: i for i, names in enumerate(LANES) for name in names.split("+")}
+        for name, start, stop in r["spans"]:
+            if name in lane:
+                ax.barh(lane[name], stop - start, left=start, height=0.7, color=COLORS[name],
+                        alpha=0.45 if name == "collect_rollouts" else 0.9)  # fmt: skip
+        for iteration, version, start, stop in r["windows"]:
+            age = min(iteration - 1 - version, len(AGE_COLORS) - 1)
+            ax.barh(0, stop - start, left=start, height=0.7, color=AGE_COLORS[age])
+        for iteration in sorted({w[0] for w in r["windows"]}):
+            first = min(w[2] for w in r["windows"] if w[0] == iteration)
+            ax.text(first, -0.55, str(iteration), fontsize=7)
+        ax.set_yticks(range(len(LANES)), LANE_LABELS, fontsize=7)
+        f = figures[label(r)]
+        ax.set_title(f"{label(r)}: {f['iteration']:.1f} s per iteration in steady state; "
+                     "generate calls green/orange/brown = staleness 0/1/2", fontsize=8)  # fmt: skip
+        ax.set_xlim(0, end)
+        ax.invert_yaxis()
+    fig.axes[-1].set_xlabel("seconds since the train flow was called")
+    fig.tight_layout()
+    path = root / "async_timeline.png"
+    fig.savefig(path, dpi=110)
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name="bench-async") as run:
+        mlflow.log_figure(fig, "plots/async_timeline.png")
+        mlflow.log_metrics({f"iteration_s/S{r['staleness']}_w{r['workers']}":
+                            figures[label(r)]["iteration"] for r in results})  # fmt: skip
+    print(f"\ntimeline: {path}; MLflow run {run.info.run_id} (experiment {EXPERIMENT!r}), "
+          f"artifact plots/async_timeline.png: .venv/bin/mlflow ui --backend-store-uri "
+          f"sqlite:///{root / 'mlflow.db'}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument("--eval-episodes", type=int, default=16)
+    parser.add_argument("--layouts", help="S x workers, comma-separated (default: "
+                        "0x0,1x0,2x0,0x2,1x2,2x2; with --smoke 0x0,1x0)")  # fmt: skip
+    parser.add_argument("--layout", help=argparse.SUPPRESS)  # the child's one layout
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # the bench's temp folder
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args()
+    if not prepare(args):
+        return 0
+    if args.smoke:
+        args.tasks, args.iterations, args.eval_every, args.eval_episodes = 2, 3, 2, 4
+        args.layouts = args.layouts or "0x0,1x0"
+    args.layouts = args.layouts or "0x0,1x0,2x0,0x2,1x2,2x2"
+    if args.layout:
+        child(args)
+        return 0
+    root = Path(tempfile.mkdtemp(prefix="steprl-async-"))
+    print(f"bench folder (run folders, mlflow.db): {root}")
+    results = []
+    for layout in args.layouts.split(","):
+        cmd = [sys.executable, __file__, "--layout", layout, "--root", str(root),
+               "--model", str(args.model), "--tasks", str(args.tasks),
+               "--iterations", str(args.iterations), "--eval-every", str(args.eval_every),
+               "--eval-episodes", str(args.eval_episodes)]  # fmt: skip
+        cmd += ["--smoke"] if args.smoke else []
+        print(f"layout {layout} (S x workers) ...", flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith('{"layout"')]
+        if out.returncode or not lines:
+            print(out.stdout[-3000:], out.stderr[-3000:])
+            raise SystemExit(f"layout {layout} failed (exit {out.returncode})")
+        results.append(json.loads(lines[-1]))
+    figures = report(results, args.model)
+    plot_timeline(results, root, figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
