@@ -5,20 +5,21 @@ Runs the real `train` flow once per layout, each in a fresh subprocess (Prefect 
 on sqlite in the bench's temp folder, a local Ray for workers), on the demo preset
 (`calculator_grpo`, SmolLM2-135M). Every layout, S = 0 included, trains with
 `trainer.off_policy_correction=decoupled` and `trainer.old_logprobs=recompute` (S >= 1 needs
-them), so that only the overlap differs. Per layout it prints: wall seconds per iteration in
-steady state (iteration 1, which builds engine and trainer, left out; held-out evaluations
-subtracted), per-phase seconds, the overlap achieved (seconds a collect and an update task run
-both ran, from the Prefect API, and seconds the step rows' generate spans fell inside an
-update), the ratio against S = 0 with the same workers, the staleness of the trained rows (the
-committed partitions' `policy_version` against iteration - 1, and the updates' `actor/async/*`),
-the importance weights (`actor/off_policy_*`), and held-out success after the same iterations
-and after the sequential run's wall time. A timeline of each layout's phases goes to an MLflow
-run in the bench's database. bench/scale.py's cost model, with each phase's CPU use measured
-here, predicts S >= 1 on this box from S = 0, and both loops on k GPUs.
+them), so that only the overlap differs. Per layout it prints: wall seconds per iteration over
+the loop (from the first generate call, so engine and rollout-worker start-up are left out, to
+the last log; held-out evaluations subtracted), per-phase seconds, the box's load and the cores
+the run used, the overlap achieved (seconds a collect and an update task run both ran, from the
+Prefect API, and seconds the step rows' generate calls fell inside an update), the ratio against
+S = 0 with the same workers, the staleness of the trained rows (the committed partitions'
+`policy_version` against iteration - 1, and the updates' `actor/async/*`), the importance
+weights (`actor/off_policy_*`), and held-out success after the same iterations and after the
+sequential run's wall time. A timeline of each layout's phases and all measurements go to an
+MLflow run in the bench's database. bench/scale.py's cost model, with each phase's CPU use
+measured here, predicts S >= 1 on this box from S = 0, and both loops on k GPUs.
 
 Run: nice -n 10 .venv/bin/python bench/async.py (defaults: --tasks 4 --iterations 4
---eval-every 2 --eval-episodes 16, six layouts: ~30 min on 2 cores); --smoke: the tiny random
-model, S = 0 and S = 1 without workers, seconds each.
+--eval-every 2 --eval-episodes 8, six layouts: 30-45 min on 2 shared cores); --smoke: the tiny
+random model, S = 0 and S = 1 without workers, seconds each.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def child(args: argparse.Namespace) -> None:
         "tracking.traces_per_iteration=0",
     ]
     config = load_config(preset, overrides)
-    cpu: list[tuple[float, float]] = []
+    cpu: list[tuple[float, float, float]] = []
     stop = threading.Event()
     sampler = threading.Thread(target=sample_cpu, args=(cpu, stop), daemon=True)
     sampler.start()
@@ -94,14 +95,14 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({
         "layout": args.layout, "staleness": staleness, "workers": workers, "wall": wall,
         "metrics": logged, "spans": spans, "windows": windows, "ages": ages, "evals": evals,
-        "cpu": [(t - t0, c) for t, c in cpu], "max_new_tokens": config.rollout.max_new_tokens,
-        "mlflow_run_id": summary.mlflow_run_id,
+        "cpu": [(t - t0, c, load) for t, c, load in cpu],
+        "max_new_tokens": config.rollout.max_new_tokens, "mlflow_run_id": summary.mlflow_run_id,
     }))  # fmt: skip
 
 
-def sample_cpu(samples: list[tuple[float, float]], stop: threading.Event) -> None:
-    """(time, CPU seconds used so far) of the flow's process and every process under it (Ray
-    workers, Prefect's server), every 0.25 s."""
+def sample_cpu(samples: list[tuple[float, float, float]], stop: threading.Event) -> None:
+    """(time, CPU seconds used so far by the flow's process and every process under it (Ray
+    workers, Prefect's server), the box's 1-minute load average), every 0.25 s."""
     import psutil
 
     me = psutil.Process()
@@ -113,7 +114,7 @@ def sample_cpu(samples: list[tuple[float, float]], stop: threading.Event) -> Non
             except psutil.Error:
                 continue
             used += times.user + times.system
-        samples.append((time.time(), used))
+        samples.append((time.time(), used, os.getloadavg()[0]))
 
 
 def task_spans(run_dir: Path, t0: float) -> list[tuple[str, float, float]]:
@@ -183,27 +184,31 @@ def of(spans: list, *names: str) -> list[tuple[float, float]]:
     return [(s, e) for name, s, e in spans if name in names]
 
 
-def steady(result: dict) -> dict:
-    """Steady-state figures of a layout: from the end of iteration 1's log task to the end of
-    the last one, less the held-out evaluations inside that window."""
+def timed(result: dict) -> dict:
+    """A layout's figures over its loop: from its first generate call (engines and rollout
+    workers are up) to the end of its last log task, less the held-out evaluations inside."""
     spans = result["spans"]
-    logs = [end for name, _, end in spans if name == "log_iteration"]
-    lo, hi = logs[0], logs[-1]
+    lo = min(w[2] for w in result["windows"])
+    hi = max(end for name, _, end in spans if name == "log_iteration")
     evals = sum(e - s for s, e in of(spans, "evaluate_policy") if lo <= s and e <= hi)
-    inside = [(max(s, lo), min(e, hi)) for s, e in of(spans, *REST) if e > lo and s < hi]
-    collects = [(max(s, lo), min(e, hi)) for s, e in of(spans, "collect_rollouts") if e > lo]
+    clip = [(max(s, lo), min(e, hi)) for s, e in of(spans, "collect_rollouts") if e > lo]
+    rest = [(s, e) for s, e in of(spans, *REST) if lo <= s]
     generating = [(s, e) for _, _, s, e in result["windows"]]
-    rest_iters = result["metrics"][1:]
+    loop = [(t, load) for t, _, load in result["cpu"] if lo <= t <= hi]
     return {
-        "iteration": (hi - lo - evals) / (len(logs) - 1),
-        "phases": {p: mean([m.get(f"timing_s/{p}", 0.0) for m in rest_iters]) for p in PHASES},
+        "iteration": (hi - lo - evals) / len(result["metrics"]),
+        "collect_span": sum(e - s for s, e in clip) / len(result["metrics"]),
+        "phases": {
+            p: mean([m.get(f"timing_s/{p}", 0.0) for m in result["metrics"][1:]]) for p in PHASES
+        },
         "eval": mean([e - s for s, e in of(spans, "evaluate_policy")]),
         "collect_update": both(of(spans, "collect_rollouts"), of(spans, "update_policy")),
         "generate_update": both(generating, of(spans, "update_policy")),
         "generate_rest": both(generating, of(spans, *REST)),
-        "window": (lo, hi),
-        "collect_cores": cores(result["cpu"], union(collects)),
-        "rest_cores": cores(result["cpu"], union(inside)),
+        "cores": cores(result["cpu"], [(lo, hi)]),
+        "load": mean([load for _, load in loop]),
+        "collect_cores": cores(result["cpu"], union(clip)),
+        "rest_cores": cores(result["cpu"], union(rest)),
     }
 
 
@@ -211,11 +216,11 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def cores(cpu: list[tuple[float, float]], intervals: list[tuple[float, float]]) -> float:
+def cores(cpu: list[tuple[float, float, float]], intervals: list[tuple[float, float]]) -> float:
     """CPU cores the run's processes used on average inside `intervals`."""
 
     def used_at(t: float) -> float:  # CPU seconds used by time t (linear between samples)
-        for (ta, ca), (tb, cb) in pairwise(cpu):
+        for (ta, ca, _), (tb, cb, _) in pairwise(cpu):
             if ta <= t <= tb:
                 return ca + (cb - ca) * (t - ta) / max(tb - ta, 1e-9)
         return cpu[-1][1] if t > cpu[-1][0] else cpu[0][1]
@@ -234,17 +239,21 @@ def label(r: dict) -> str:
 
 
 def report(results: list[dict], model: Path) -> dict[str, dict]:
-    figures = {label(r): steady(r) for r in results}
+    figures = {label(r): timed(r) for r in results}
     base = {r["workers"]: figures[label(r)] for r in results if r["staleness"] == 0}
-    print("\nwall seconds per iteration in steady state (held-out evals left out) and per phase "
-          "(timing_s/*, mean over iterations 2..N)")  # fmt: skip
+    print("\nwall seconds per iteration: the loop from the first generate call (engine and "
+          "workers built) to the last log, held-out evals left out, / iterations; per phase: "
+          "timing_s/*, mean of iterations 2..N (with S >= 1 collect counts its waits for the "
+          "engine); the box's 1-min load average and the cores this run's processes used during "
+          "the loop")  # fmt: skip
     head = "".join(f"{p:>13}" for p in PHASES)
-    print(f"{'layout':<9} {'iter s':>7} {'vs S=0':>7}{head}{'eval':>7}")
+    print(f"{'layout':<9} {'iter s':>7} {'vs S=0':>7}{head}{'eval':>7}{'load':>6}{'cores':>6}")
     for r in results:
         f = figures[label(r)]
         ratio = f["iteration"] / base[r["workers"]]["iteration"] if r["workers"] in base else 0
         cells = "".join(f"{f['phases'][p]:13.2f}" for p in PHASES)
-        print(f"{label(r):<9} {f['iteration']:7.2f} {ratio:7.2f}{cells}{f['eval']:7.2f}")
+        print(f"{label(r):<9} {f['iteration']:7.2f} {ratio:7.2f}{cells}{f['eval']:7.2f}"
+              f"{f['load']:6.1f}{f['cores']:6.2f}")  # fmt: skip
     print(
         "\noverlap achieved over the whole run, seconds: collect task run || update task run "
         "(Prefect API); generating (step rows' generate spans) || update, || score..log"
@@ -300,10 +309,11 @@ def predict(results: list[dict], figures: dict[str, dict], model: Path) -> None:
     """S >= 1 on this box from S = 0 with the same workers, and both loops on k GPUs.
 
     In flows/train.py the collection of k+1 runs while k scores, writes, updates, syncs and
-    logs, so in steady state an iteration is the longer of the collect and the rest of the
-    flow's chain, if the two have their own hardware. On this box they share the cores: the
-    iteration cannot be shorter than the CPU work of both over the cores the S = 0 run got."""
-    print("\ncost model, this box (calibrated on S=0 with the same workers): iteration s")
+    logs. With collect C and the rest of the flow's chain R, N iterations take N (C + R) in
+    turn; overlapped, C + R + (N - 1) max(C, R) (the first collect and the last rest overlap
+    nothing) if the two have their own hardware. On this box they share the cores: the loop
+    cannot be shorter than the CPU work of both over the most cores the S = 0 run got."""
+    print("\ncost model, this box (calibrated on S=0 with the same workers): s per iteration")
     print(f"{'layout':<9} {'S=0 measured':>12} {'own hardware':>13} {'shared cores':>13} "
           f"{'measured':>9}   (S=0: collect s / cores, rest s / cores)")  # fmt: skip
     for r in results:
@@ -311,13 +321,11 @@ def predict(results: list[dict], figures: dict[str, dict], model: Path) -> None:
                     None)  # fmt: skip
         if r["staleness"] == 0 or base is None:
             continue
-        b = figures[label(base)]
-        collect = mean([e - s for s, e in of(base["spans"], "collect_rollouts")
-                        if s >= b["window"][0]])  # fmt: skip
-        rest = b["iteration"] - collect
-        own = max(collect, rest)
-        got = max(b["collect_cores"], b["rest_cores"])
-        shared = max(own, (collect * b["collect_cores"] + rest * b["rest_cores"]) / got)
+        b, n = figures[label(base)], len(r["metrics"])
+        collect, rest = b["collect_span"], b["iteration"] - b["collect_span"]
+        own = (collect + rest + (n - 1) * max(collect, rest)) / n
+        work = collect * b["collect_cores"] + rest * b["rest_cores"]
+        shared = max(own, work / max(b["collect_cores"], b["rest_cores"]))
         print(f"{label(r):<9} {b['iteration']:12.2f} {own:13.2f} {shared:13.2f} "
               f"{figures[label(r)]['iteration']:9.2f}   ({collect:.1f} / {b['collect_cores']:.2f}"
               f", {rest:.1f} / {b['rest_cores']:.2f})")  # fmt: skip
@@ -330,26 +338,37 @@ def predict(results: list[dict], figures: dict[str, dict], model: Path) -> None:
         "decode_steps": mean([x["rollout/generate_calls"] for x in m]) * base["max_new_tokens"],
         "processed": mean([x.get("actor/padded_tokens", 0.0) for x in m]),
     }
-    params = params_of(model)
-    costs = cost({"tokens": tokens}, params, recompute=True)
     # what stays on the host: the flow's chain besides the update and the sync, measured here
     host = b["iteration"] - b["phases"]["collect"] - b["phases"]["update"] - b["phases"]["sync"]
-    print(f"\npredicted iteration on k GPUs (H100-class; {params / 1e6:.0f}M parameters, the S=0 "
-          f"w=0 iteration's tokens; score, write, log and Prefect as measured here: "
-          f"{host:.2f} s; not measured here)")  # fmt: skip
-    print("   k  collect s  update s  sequential s  async s  async/seq  async layout")
+    params = params_of(model)
+    print(f"\npredicted steady-state iteration on k GPUs (H100-class, not measured here), the "
+          f"S=0 w=0 iteration's tokens; score, write, log and Prefect as measured here ({host:.2f}"
+          " s; scaled with the episodes in the second table)")  # fmt: skip
+    for name, n_params, episodes in (
+        (f"{model.name} ({params / 1e6:.0f}M), as run", params, 1),
+        ("a 7.6B model, 4x the episodes", 7.6e9, 4),
+    ):
+        more = {k: v * episodes if k != "decode_steps" else v for k, v in tokens.items()}
+        gpu_table(name, cost({"tokens": more}, n_params, recompute=True), n_params, host * episodes)
+
+
+def gpu_table(name: str, costs: dict, params: float, host: float) -> None:
+    """Sequential against overlapped iterations on k GPUs: in turn, the GPUs collect, then
+    update; overlapped, either both phases share the k GPUs in time (the flow's chain still waits
+    for the update; the collection takes the new weights at its next turn) or r GPUs roll out
+    while k - r train, whichever is faster."""
+    print(f"  {name}")
+    print("     k  collect s  update s  sequential s  async s  async/seq  async layout")
     for k in (1, 2, 4, 8):
         g = gpu_phases(costs, params, k)
         sequential = g["collect"] + g["update"] + g["sync"] + host
-        # one GPU set shared in time: the GPUs do both phases; the flow's chain still waits
-        # for the update (the collection takes the new weights itself at its next turn)
         options = {f"{k} shared": max(g["collect"] + g["sync"] + g["update"], g["update"] + host)}
-        for r in range(1, k):  # r GPUs roll out while k - r train
+        for r in range(1, k):
             c, u = gpu_phases(costs, params, r), gpu_phases(costs, params, k - r)
             options[f"{r} rollout + {k - r} train"] = max(c["collect"] + c["sync"],
                                                           u["update"] + host)  # fmt: skip
         best = min(options, key=options.get)
-        print(f"{k:4d} {g['collect']:10.3g} {g['update']:9.3g} {sequential:13.3g} "
+        print(f"  {k:4d} {g['collect']:10.3g} {g['update']:9.3g} {sequential:13.3g} "
               f"{options[best]:8.3g} {options[best] / sequential:10.2f}  {best}")  # fmt: skip
 
 
@@ -362,10 +381,10 @@ COLORS = {"collect_rollouts": "tab:blue", "score_rollouts": "tab:olive",
 AGE_COLORS = ["tab:green", "tab:orange", "tab:brown", "black"]
 
 
-def plot_timeline(results: list[dict], root: Path, figures: dict[str, dict]) -> None:
+def plot_timeline(results: list[dict], root: Path, figures: dict[str, dict]):
     """One panel per layout: the Prefect task runs by phase (collect task runs drawn see-through,
-    so two at once look darker) and the step rows' generate calls coloured by staleness; logged
-    to an MLflow run of the bench's experiment."""
+    so two at once look darker) and the step rows' generate calls coloured by staleness; the
+    figure, or None without matplotlib."""
     try:
         import matplotlib
 
@@ -373,7 +392,7 @@ def plot_timeline(results: list[dict], root: Path, figures: dict[str, dict]) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         print("\ntimeline: matplotlib is not installed in this venv, so no plot was drawn")
-        return
+        return None
     end = max(r["wall"] for r in results)
     fig, axes = plt.subplots(len(results), 1, figsize=(14, 2.2 * len(results)), sharex=True)
     for ax, r in zip(list(fig.axes if len(results) > 1 else [axes]), results, strict=True):
@@ -390,25 +409,32 @@ def plot_timeline(results: list[dict], root: Path, figures: dict[str, dict]) -> 
             ax.text(first, -0.55, str(iteration), fontsize=7)
         ax.set_yticks(range(len(LANES)), LANE_LABELS, fontsize=7)
         f = figures[label(r)]
-        ax.set_title(f"{label(r)}: {f['iteration']:.1f} s per iteration in steady state; "
+        ax.set_title(f"{label(r)}: {f['iteration']:.1f} s per iteration over the loop; "
                      "generate calls green/orange/brown = staleness 0/1/2", fontsize=8)  # fmt: skip
         ax.set_xlim(0, end)
         ax.invert_yaxis()
     fig.axes[-1].set_xlabel("seconds since the train flow was called")
     fig.tight_layout()
-    path = root / "async_timeline.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(root / "async_timeline.png", dpi=110)
+    return fig
+
+
+def log_run(results: list[dict], root: Path, figures: dict[str, dict], fig) -> None:
+    """An MLflow run of the bench in its database: the timeline, every layout's measurements,
+    and the seconds per iteration."""
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name="bench-async") as run:
-        mlflow.log_figure(fig, "plots/async_timeline.png")
+        if fig is not None:
+            mlflow.log_figure(fig, "plots/async_timeline.png")
+        mlflow.log_dict(results, "async_results.json")
         mlflow.log_metrics({f"iteration_s/S{r['staleness']}_w{r['workers']}":
                             figures[label(r)]["iteration"] for r in results})  # fmt: skip
-    print(f"\ntimeline: {path}; MLflow run {run.info.run_id} (experiment {EXPERIMENT!r}), "
-          f"artifact plots/async_timeline.png: .venv/bin/mlflow ui --backend-store-uri "
-          f"sqlite:///{root / 'mlflow.db'}")  # fmt: skip
+    print(f"\ntimeline: {root / 'async_timeline.png'}; MLflow run {run.info.run_id} (experiment "
+          f"{EXPERIMENT!r}): artifacts plots/async_timeline.png, async_results.json; "
+          f".venv/bin/mlflow ui --backend-store-uri sqlite:///{root / 'mlflow.db'}")  # fmt: skip
 
 
 def main() -> int:
@@ -417,7 +443,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--eval-episodes", type=int, default=16)
+    parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--layouts", help="S x workers, comma-separated (default: "
                         "0x0,1x0,2x0,0x2,1x2,2x2; with --smoke 0x0,1x0)")  # fmt: skip
     parser.add_argument("--layout", help=argparse.SUPPRESS)  # the child's one layout
@@ -451,7 +477,7 @@ def main() -> int:
             raise SystemExit(f"layout {layout} failed (exit {out.returncode})")
         results.append(json.loads(lines[-1]))
     figures = report(results, args.model)
-    plot_timeline(results, root, figures)
+    log_run(results, root, figures, plot_timeline(results, root, figures))
     return 0
 
 

@@ -25,13 +25,13 @@ EXPECTED = {
     "scale": ["peak RSS MB per process kind", "cost model"],
     "serve": ["server req/s", "server/engine ="],
     "async": [
-        "wall seconds per iteration in steady state",
+        "wall seconds per iteration",
         "overlap achieved",
         "staleness of the committed rows",
         "importance weights",
         "held-out success",
         "cost model, this box",
-        "predicted iteration on k GPUs",
+        "predicted steady-state iteration on k GPUs",
         "timeline:",
     ],
 }
