@@ -19,6 +19,7 @@ from configs.eval import EvalSection
 from configs.model import ModelSection
 from configs.overlap import OverlapSection
 from configs.ray_cluster import RaySection
+from configs.refill import RefillSection
 from configs.replay import ReplaySection
 from configs.reward import RewardSection
 from configs.rollout import RolloutSection
@@ -49,6 +50,10 @@ class RunConfig(Section):
     overlap: OverlapSection = Field(
         default_factory=OverlapSection,
         description="Asynchronous training: collection running ahead of the update.",
+    )
+    refill: RefillSection = Field(
+        default_factory=RefillSection,
+        description="Dynamic sampling: groups left out of the update and refilled from new tasks.",
     )
     ray: RaySection = Field(
         default_factory=RaySection, description="Ray, for rollout workers and trainer ranks."
@@ -86,6 +91,24 @@ class RunConfig(Section):
                 "older than the one updated, which the plain PPO ratio does not correct: set "
                 "trainer.off_policy_correction=decoupled (or tis, mis) and "
                 "trainer.old_logprobs=recompute, or overlap.max_staleness=0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _refill_reasons_can_occur(self) -> RunConfig:
+        o = self.overlap
+        if "stale" in self.refill.drop and (o.max_staleness == 0 or o.on_stale == "wait"):
+            raise ValueError(
+                f"refill.drop lists 'stale', but with overlap.max_staleness={o.max_staleness} "
+                f"and overlap.on_stale={o.on_stale!r} no row is ever older than the bound: "
+                "remove 'stale' from refill.drop, or set overlap.max_staleness >= 1 and "
+                "overlap.on_stale=drop"
+            )
+        if "zero_variance" in self.refill.drop and self.rollout.group_size < 2:
+            raise ValueError(
+                f"refill.drop lists 'zero_variance' with rollout.group_size="
+                f"{self.rollout.group_size}: a group of one has no variance, so every group "
+                "would be dropped; set rollout.group_size >= 2 or remove 'zero_variance'"
             )
         return self
 

@@ -102,7 +102,8 @@ def collect_rollouts(config: RunConfig, run: RunHandle, iteration: int, shard: i
 def score_rollouts(
     config: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]
 ) -> ScoreResult:
-    """Rewards and advantages for the iteration's steps."""
+    """Rewards and advantages for the iteration's steps; with `refill.drop` set, dynamic
+    sampling first: dropped groups left out and refilled from new tasks in extra rounds."""
     return score.score(config, run, iteration, shards)
 
 

@@ -1,6 +1,6 @@
-"""One rollout shard of an iteration end to end: its tasks (`rollout.shard`), the engine at policy
-`iteration - 1` (with overlap: the newest committed one), the episodes, and its staged Arrow file
-and record; a shard already staged is not run again.
+"""One rollout shard of an iteration (or of one of its refill rounds) end to end: its tasks
+(`rollout.shard`), the engine at policy `iteration - 1` (with overlap: the newest committed one),
+the episodes, and its staged Arrow file and record; a shard already staged is not run again.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from agent_core import live
-from agent_core.collect.iteration_tasks import iteration_tasks
+from agent_core.collect.iteration_tasks import round_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
@@ -46,14 +46,16 @@ def sampling_policy(cfg: RunConfig, run: RunHandle, iteration: int) -> int:
     return version
 
 
-def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
+def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill_round: int = 0):
     """The shard's episodes (deterministic for a seed and the policy versions sampling them):
     steps and rollout statistics. No files are written. In the sequential loop the policy is
     `iteration - 1`; with overlap, the newest committed one, and with partial rollouts each
-    turn takes a policy committed meanwhile."""
+    turn takes a policy committed meanwhile. `refill_round` r >= 1: a shard of the iteration's
+    r-th refill round (its own tasks and sampling seed)."""
     run_dir = Path(run.run_dir)
-    tasks = shard_tasks(iteration_tasks(cfg, iteration), shard, shard_count(cfg))
-    seed = cfg.run.seed * 7_919 + iteration * 104_729 + shard
+    tasks = round_tasks(cfg, run_dir, iteration, refill_round)
+    tasks = shard_tasks(tasks, shard, shard_count(cfg))
+    seed = cfg.run.seed * 7_919 + iteration * 104_729 + shard + refill_round * 15_485_863
     with live.engine_use(run_dir):  # no other thread swaps the weights while this samples
         version = sampling_policy(cfg, run, iteration)
         engine = live.rollout_engine(cfg, run_dir, version, policy_weights(run, version))
@@ -70,19 +72,22 @@ def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int):
         return loop.run(tasks, cfg.rollout.group_size, meta)
 
 
-def collect_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
-    """Run this shard's share of the iteration's episodes (`run_shard`) and stage their steps
-    as Arrow IPC."""
+def collect_shard(
+    cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill_round: int = 0
+) -> ShardResult:
+    """Run this shard's share of the iteration's (or its refill round's) episodes
+    (`run_shard`) and stage their steps as Arrow IPC."""
     start = time.perf_counter()
-    out, meta_file = shard_files(run.run_dir, iteration, shard)
+    out, meta_file = shard_files(run.run_dir, iteration, shard, refill_round)
     if already_done(run, iteration, out, meta_file):
         return ShardResult.model_validate_json(meta_file.read_text())
-    steps, stats = run_shard(cfg, run, iteration, shard)
+    steps, stats = run_shard(cfg, run, iteration, shard, refill_round)
     crash_point("collect", iteration)
     write_ipc(steps_to_table(steps), out)
     result = ShardResult(
         iteration=iteration,
         shard=shard,
+        refill_round=refill_round,
         path=str(out),
         episodes=stats.episodes,
         steps=stats.steps,

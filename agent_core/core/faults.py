@@ -4,7 +4,9 @@ SIGKILLs itself when that point of that iteration is reached. Unset, it does not
 Points: collect, score, replay (between data file and manifest), update (after the optimizer
 step, before the checkpoint), checkpoint (half-way through writing it), log (after the step
 table and traces, before the metrics); with several trainer ranks also update_rank<r> (rank r
-of a multi-rank update, after its first optimizer step; the rank's process dies).
+of a multi-rank update, after its first optimizer step; the rank's process dies); with
+`refill.drop` set also refill (after each refill round's shards are staged, before they are
+judged; not in POINTS, which every run reaches).
 """
 
 from __future__ import annotations

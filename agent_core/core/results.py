@@ -1,5 +1,6 @@
 """The small results the phases of an iteration return and the Prefect tasks pass along: where a
-run lives (`RunHandle`), a rollout shard, the scored steps, the committed partition, the update.
+run lives (`RunHandle`), a rollout shard, the scored steps, dynamic sampling's record, the
+committed partition, the update.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class ShardResult(BaseModel):
 
     iteration: int
     shard: int
+    refill_round: int = Field(
+        0, description="0 = the iteration's own tasks; r >= 1 = its r-th refill round's."
+    )
     path: str
     episodes: int
     steps: int
@@ -96,7 +100,36 @@ class UpdateResult(BaseModel):
     )
     tasks: dict[str, str] = Field(
         default_factory=dict,
-        description="Every task id the iteration drew -> 'trained' (some row of it was in the "
-        "update), or why not: 'stale' (older than overlap.max_staleness), 'zero_variance' (no "
-        "row with a nonzero advantage), 'failed' (no row: every episode lost).",
+        description="Every task id the iteration drew (with refill on, its refill rounds' "
+        "too) -> 'trained' (some row of it was in the update), or why not: 'stale' (older than "
+        "overlap.max_staleness), 'zero_variance' (no row with a nonzero advantage), 'failed' "
+        "(no row: every episode lost); with refill on, also the reason its group was left "
+        "out (refill.drop).",
     )
+
+
+class RefillResult(BaseModel):
+    """Dynamic sampling of one iteration (`refill.drop` set): every task it drew, by round,
+    every group it left out and why, and the groups the committed partition holds."""
+
+    iteration: int
+    rounds: list[list[str]] = Field(
+        description="Task ids each round ran: round 0 is the iteration's own draw, round r its "
+        "r-th refill round (a retried task appears again in a later round)."
+    )
+    drops: list[tuple[int, str, str]] = Field(
+        default_factory=list,
+        description="Every group left out, as (round, task_id, reason): 'zero_variance', "
+        "'failed' or 'stale'.",
+    )
+    kept: list[str] = Field(
+        default_factory=list, description="Task ids whose groups the partition holds, in order."
+    )
+    full: bool = Field(description="Whether the kept groups reached rollout.tasks_per_iteration.")
+
+    def dropped(self) -> dict[str, str]:
+        """Each drawn task whose group was never kept -> the reason its last group was left
+        out."""
+        last = {task_id: reason for _, task_id, reason in self.drops}
+        kept = set(self.kept)
+        return {task_id: reason for task_id, reason in last.items() if task_id not in kept}

@@ -1,6 +1,6 @@
 """Every path inside a run folder (`<output_dir>/<run.name>`): checkpoints and the `latest`
-pointer, the warm-up checkpoint, per-iteration folders and the records a rerun reads, the repair
-count. Nothing else in steprl spells these names.
+pointer, the warm-up checkpoint, per-iteration folders and the records a rerun reads (refill
+rounds' included), the repair count. Nothing else in steprl spells these names.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ PREFECT_FLOW_RUN_ID = "prefect_flow_run_id"  # the flow run training it (marked 
 WARMUP_RECORD = "warmup.json"  # the warm-up's result: present = warm-up done
 ROLLOUTS = "rollouts"  # per iteration: one staged Arrow file + record per shard
 UPDATE_RECORD = "update.json"  # per iteration: the update's result
+REFILL_RECORD = "refill.json"  # per iteration with refill on: the tasks drawn and dropped
 
 
 def warmup_dir(run_dir: Path) -> Path:
@@ -100,10 +101,29 @@ def config_file(run_dir: str | Path) -> Path:
     return Path(run_dir) / CONFIG
 
 
-def shard_files(run_dir: str | Path, iteration: int, shard: int) -> tuple[Path, Path]:
-    """A rollout shard's staged steps (Arrow IPC) and its record."""
+def shard_files(
+    run_dir: str | Path, iteration: int, shard: int, refill_round: int = 0
+) -> tuple[Path, Path]:
+    """A rollout shard's staged steps (Arrow IPC) and its record; `refill_round` r >= 1 names
+    a shard of the iteration's r-th refill round (dynamic sampling)."""
     folder = iteration_dir(run_dir, iteration) / ROLLOUTS
-    return folder / f"shard_{shard:03d}.arrow", folder / f"shard_{shard:03d}.json"
+    stem = f"shard_{shard:03d}"
+    if refill_round:
+        stem = f"refill_{refill_round:02d}_{stem}"
+    return folder / f"{stem}.arrow", folder / f"{stem}.json"
+
+
+def refill_plan_file(run_dir: str | Path, iteration: int, refill_round: int) -> Path:
+    """What refill round `refill_round` of the iteration draws (tasks retried, new tasks),
+    written before its shards run so that they, here or on a rollout worker, and a rerun
+    rebuild the same tasks."""
+    return iteration_dir(run_dir, iteration) / ROLLOUTS / f"refill_{refill_round:02d}_tasks.json"
+
+
+def refill_record(run_dir: str | Path, iteration: int) -> Path:
+    """The iteration's dynamic-sampling record: every task it drew, by round, and what became
+    of each (present only with `refill.drop` set)."""
+    return iteration_dir(run_dir, iteration) / REFILL_RECORD
 
 
 def staged_shards(run_dir: str | Path, iteration: int) -> list[Path]:

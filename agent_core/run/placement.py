@@ -44,11 +44,14 @@ def pool_for(cfg: RunConfig, run: RunHandle):
         return _POOLS[key]
 
 
-def collect(cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
-    """Collect one shard here or on its rollout worker (same files, same rows)."""
+def collect(
+    cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill_round: int = 0
+) -> ShardResult:
+    """Collect one shard (of the iteration, or of its refill round `refill_round`) here or on
+    its rollout worker (same files, same rows)."""
     if cfg.rollout.workers == 0:
-        return collect_shard(cfg, run, iteration, shard)
-    return pool_for(cfg, run).collect(cfg, run, iteration, shard)
+        return collect_shard(cfg, run, iteration, shard, refill_round)
+    return pool_for(cfg, run).collect(cfg, run, iteration, shard, refill_round)
 
 
 def sync(cfg: RunConfig, run: RunHandle, iteration: int) -> SyncResult:

@@ -187,7 +187,8 @@ def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateR
 def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> list[str]:
     """The iteration's console lines: reward and loss; how the update leaned (the mean
     advantage as the loss weighs it, the loss weight on failed trajectories, the estimated
-    reward after the update when it was estimated); then each warning."""
+    reward after the update when it was estimated); with dynamic sampling, the groups kept and
+    dropped; then each warning."""
     m = metrics
     lines = [
         f"iteration {iteration}: reward/mean={m['reward/mean']:.3f} "
@@ -208,6 +209,14 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
                 f"~{m['actor/reward_after_update_estimate']:.3f} (estimate)"
             )
         lines.append(lean)
+    if "refill/kept_groups" in m:  # dynamic sampling: what it dropped and whether it filled
+        dropped = ", ".join(
+            f"{reason} {m[f'refill/dropped_{reason}']:.0f}" for reason in cfg.refill.drop
+        )
+        lines.append(
+            f"  refill: {m['refill/kept_groups']:.0f}/{cfg.rollout.tasks_per_iteration} groups "
+            f"kept after {m['refill/rounds']:.0f} extra rounds (dropped: {dropped})"
+        )
     t = cfg.tracking
     warnings = update_warnings(
         m, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode

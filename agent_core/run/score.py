@@ -1,6 +1,7 @@
 """The score phase: reward terms, the value head and reference KL when the config uses them, the
 advantage estimator, the iteration's reward, episode and update diagnostics, and its warnings;
-the scored steps are staged for the commit.
+with `refill.drop` set, over the groups dynamic sampling keeps (`run/refill.py`). The scored
+steps are staged for the commit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.collect.shard import already_done
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
-from agent_core.core.records import Step
+from agent_core.core.records import Step, Task
 from agent_core.core.registry import resolve
 from agent_core.core.results import RunHandle, ScoreResult, ShardResult
 from agent_core.core.run_folder import policy_weights, scored_files
@@ -34,6 +35,7 @@ from agent_core.replay.store import read_ipc, write_ipc
 from agent_core.rewards.judge_engines import judge_engines
 from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
 from agent_core.run import trainers
+from agent_core.run.refill import fill_batch
 from agent_core.run.update import skips_zero_advantage
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.trainer.batching import TrainRow
@@ -165,15 +167,16 @@ def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[
     return added | {"warning/count": float(len(warnings))}
 
 
-def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
-    """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
-    tasks = {t.task_id: t for t in iteration_tasks(cfg, iteration)}
+def reward_in_place(
+    cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step], tasks: list[Task], seed: int
+) -> dict[str, float]:
+    """Rewards (env reward, terms, judges) written into `steps` of `tasks`; returns the term
+    means and the judges' counters. `seed` seeds judge sampling (at temperature > 0)."""
     version = iteration - 1  # the policy that played the episodes judges them as 'policy'
     engines = judge_engines(
         cfg,
         lambda: live.rollout_engine(cfg, Path(run.run_dir), version, policy_weights(run, version)),
     )
-    seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
     # a 'policy' judge samples with the run's engine: with overlap on, a collection may be
     # sampling with it in another thread, so scoring then waits for it to finish
     judged_by_policy = any(
@@ -181,11 +184,46 @@ def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[S
     )
     use = live.engine_use(Path(run.run_dir)) if judged_by_policy else contextlib.nullcontext()
     with use:
-        metrics = score_steps(
-            steps, tasks, configured_terms(cfg), cfg.reward.env_reward_weight, engines, seed
+        return score_steps(
+            steps,
+            {t.task_id: t for t in tasks},
+            configured_terms(cfg),
+            cfg.reward.env_reward_weight,
+            engines,
+            seed,
         )
-    metrics |= _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
+
+
+def estimate_in_place(
+    cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]
+) -> dict[str, float]:
+    """Returns and advantages (and values) written into rewarded `steps`; returns the
+    advantage, episode and update diagnostics."""
+    metrics = _estimate(cfg, steps, *_critic_columns(cfg, run, iteration, steps))
     return metrics | _episode_metrics(steps) | _update_diagnostics(cfg, steps)
+
+
+def score_in_place(cfg: RunConfig, run: RunHandle, iteration: int, steps: list[Step]) -> dict:
+    """Rewards, returns and advantages written into `steps`; returns the iteration's metrics."""
+    seed = cfg.run.seed + iteration  # judge sampling (matters only at temperature > 0)
+    metrics = reward_in_place(cfg, run, iteration, steps, iteration_tasks(cfg, iteration), seed)
+    return metrics | estimate_in_place(cfg, run, iteration, steps)
+
+
+def _refilled(
+    cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]
+) -> tuple[list[Step], dict[str, float], list[ShardResult]]:
+    """Dynamic sampling (`refill.drop` set): the kept groups' steps scored, the iteration's
+    metrics, and the refill rounds' shards."""
+
+    def reward(steps: list[Step], tasks: list[Task], refill_round: int) -> dict[str, float]:
+        # judge sampling: round 0 as without refill, each refill round its own seed
+        seed = cfg.run.seed + iteration + 7_919 * refill_round
+        return reward_in_place(cfg, run, iteration, steps, tasks, seed)
+
+    filled = fill_batch(cfg, run, iteration, shards, reward)
+    metrics = filled.metrics | estimate_in_place(cfg, run, iteration, filled.steps)
+    return filled.steps, metrics, filled.shards
 
 
 def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResult]) -> ScoreResult:
@@ -196,8 +234,13 @@ def score(cfg: RunConfig, run: RunHandle, iteration: int, shards: list[ShardResu
         return ScoreResult.model_validate_json(meta_file.read_text())
     ends = [(s.episodes, s.episode_ends, s.lost_episodes) for s in shards]
     check_failed_share(ends, cfg.env.agent_max_failed_share, iteration)  # before any training
-    steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
-    metrics = score_in_place(cfg, run, iteration, steps) | episode_metrics(ends)
+    if cfg.refill.drop:
+        steps, metrics, refills = _refilled(cfg, run, iteration, shards)
+        ends += [(s.episodes, s.episode_ends, s.lost_episodes) for s in refills]
+    else:
+        steps = table_to_steps(pa.concat_tables([read_ipc(Path(s.path)) for s in shards]))
+        metrics = score_in_place(cfg, run, iteration, steps)
+    metrics |= episode_metrics(ends)
     metrics |= _warn(cfg, Path(run.run_dir), iteration, metrics)
     crash_point("score", iteration)
     write_ipc(steps_to_table(steps), out)

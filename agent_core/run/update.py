@@ -1,7 +1,7 @@
 """The update phase: policy `iteration - 1` trained on the iteration's committed rows (plus
 replayed rows of earlier iterations when `replay` is on; with overlap, less the rows older than
-`overlap.max_staleness`), checkpoint `iteration` saved, what became of each drawn task recorded,
-the `latest` pointer moved and old checkpoints pruned.
+`overlap.max_staleness`), checkpoint `iteration` saved, what became of each drawn task recorded
+(refill rounds' tasks included), the `latest` pointer moved and old checkpoints pruned.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from agent_core.algorithms.diagnostics import (
 from agent_core.collect.iteration_tasks import iteration_tasks
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
-from agent_core.core.results import PartitionResult, RunHandle, UpdateResult
+from agent_core.core.results import PartitionResult, RefillResult, RunHandle, UpdateResult
 from agent_core.core.run_folder import (
     checkpoint_dir,
     policy_weights,
     prune_checkpoints,
+    refill_record,
     update_record,
     write_latest,
 )
@@ -102,6 +103,20 @@ def replayed_rows(cfg: RunConfig, run_dir: Path, iteration: int, own_rows: int) 
     return Replayed(rows, selection)
 
 
+def drawn_task_outcomes(
+    cfg: RunConfig, run_dir: Path, iteration: int, rows: pa.Table, too_old: np.ndarray
+) -> dict[str, str]:
+    """What became of every task the iteration drew (`task_outcomes` over the partition's
+    `rows`); with dynamic sampling, of its refill rounds' tasks too: the kept ones by their
+    rows, the others by the reason their group was left out (the refill record)."""
+    record = refill_record(run_dir, iteration)
+    if not record.is_file():
+        drawn = [task.task_id for task in iteration_tasks(cfg, iteration)]
+        return task_outcomes(drawn, rows, too_old, skips_zero_advantage(cfg))
+    refill = RefillResult.model_validate_json(record.read_text())
+    return task_outcomes(refill.kept, rows, too_old, skips_zero_advantage(cfg)) | refill.dropped()
+
+
 def _reward_after_update(
     table: pa.Table, rows: list[TrainRow], log_ratios: list[float]
 ) -> dict[str, float]:
@@ -151,8 +166,7 @@ def update(
     if past is not None:
         metrics |= past.selection.metrics()
     metrics |= staleness_metrics(partition_rows, version, too_old)
-    drawn = [task.task_id for task in iteration_tasks(cfg, iteration)]
-    tasks = task_outcomes(drawn, partition_rows, too_old, skips_zero_advantage(cfg))
+    tasks = drawn_task_outcomes(cfg, run_dir, iteration, partition_rows, too_old)
     for outcome in (TRAINED, STALE, ZERO_VARIANCE, FAILED):
         metrics[f"async/tasks_{outcome}"] = float(sum(o == outcome for o in tasks.values()))
     crash_point("update", iteration)

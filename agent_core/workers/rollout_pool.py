@@ -69,18 +69,21 @@ class RolloutPool:
                 ray.kill(dead, no_restart=True)
                 self.workers[slot] = self._start()
 
-    def collect(self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int) -> ShardResult:
-        """Run `shard` on its worker; on a worker that dies, stops answering heartbeats or
-        exceeds `ray.collect_timeout_s`, kill it, start a fresh one and redo the whole shard
-        (its staged file is written once, atomically, when the shard is complete). The
-        result's seconds include the failed tries."""
+    def collect(
+        self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill_round: int = 0
+    ) -> ShardResult:
+        """Run `shard` (of the iteration, or of its refill round `refill_round`) on its worker;
+        on a worker that dies, stops answering heartbeats or exceeds `ray.collect_timeout_s`,
+        kill it, start a fresh one and redo the whole shard (its staged file is written once,
+        atomically, when the shard is complete). The result's seconds include the failed
+        tries."""
         start = time.perf_counter()
         slot = shard % len(self.workers)
         attempts = cfg.ray.shard_attempts
         for attempt in range(1, attempts + 1):
             worker = self.workers[slot]
             try:
-                answer = self._collect_on(cfg, run, iteration, shard, worker)
+                answer = self._collect_on(cfg, run, iteration, shard, refill_round, worker)
             except _WorkerLost as lost:
                 log.warning(
                     "rollout worker %d: %s, on shard %d of iteration %d (attempt %d/%d): "
@@ -97,13 +100,16 @@ class RolloutPool:
         )
 
     def _collect_on(
-        self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int, worker: Any
-    ) -> str:
+        self, cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill_round: int,
+        worker: Any,
+    ) -> str:  # fmt: skip
         """The worker's ShardResult JSON, or _WorkerLost saying why there is none."""
         import ray
         from ray.exceptions import RayActorError
 
-        ref = worker.collect.remote(cfg.model_dump_json(), run.model_dump_json(), iteration, shard)
+        ref = worker.collect.remote(
+            cfg.model_dump_json(), run.model_dump_json(), iteration, shard, refill_round
+        )
         r = cfg.ray
         try:
             for _ in ready_in_turn(

@@ -34,12 +34,15 @@ class RolloutWorker:
         """Its pid and node; answered on a thread of its own while a shard runs."""
         return identity()
 
-    def collect(self, cfg_json: str, run_json: str, iteration: int, shard: int) -> str:
-        """Run one shard exactly as the in-process path does; returns its ShardResult JSON."""
+    def collect(
+        self, cfg_json: str, run_json: str, iteration: int, shard: int, refill_round: int = 0
+    ) -> str:
+        """Run one shard (of the iteration, or of its refill round `refill_round`) exactly as
+        the in-process path does; returns its ShardResult JSON."""
 
         cfg = RunConfig.model_validate_json(cfg_json)
         run = RunHandle.model_validate_json(run_json)
-        return collect_shard(cfg, run, iteration, shard).model_dump_json()
+        return collect_shard(cfg, run, iteration, shard, refill_round).model_dump_json()
 
     def sync(
         self, cfg_json: str, run_json: str, version: int, weights: str, state: dict | None

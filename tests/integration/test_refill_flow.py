@@ -1,0 +1,161 @@
+"""Dynamic sampling in real `train` flow runs on the tiny model: with `refill.drop:
+[zero_variance]` and a reward that gives contrast to some tasks only, the committed partition
+holds rollout.tasks_per_iteration groups, each with nonzero reward variance (or the metrics say
+the rounds ran out), refill rounds are staged shards of their own, and every task the iteration
+drew is accounted for exactly once in the update's record; with overlap (stale groups dropped
+too), refill rounds collected beside later iterations' collections keep every update free of
+stale rows."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent_core.config.load import load_config
+from agent_core.core.registry import plugin
+from agent_core.core.results import RefillResult, UpdateResult
+from agent_core.core.run_folder import iteration_dir, refill_record, update_record
+from agent_core.replay import read_partition, table_to_steps
+from agent_core.replay.staleness import TRAINED, ZERO_VARIANCE
+from flows.train import train
+
+pytestmark = pytest.mark.slow
+TASKS = 2
+
+
+def _contrast(task_id: str) -> bool:
+    return int(task_id.rsplit("-", 1)[1]) % 3 == 0
+
+
+@plugin("reward")
+def contrast_on_some_tasks(trajectory, task) -> float:
+    """The share of even token ids in the last reply (random replies differ) for a task whose
+    seed is divisible by 3; 0 for every other task, whose group then has zero variance."""
+    if not _contrast(task.task_id):
+        return 0.0
+    ids = trajectory[-1].response_ids
+    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
+
+
+def _train(root: Path, *overrides: str):
+    config = load_config(
+        "smoke",
+        [
+            f"model.path={root.parent / 'tiny-model'}",
+            f"run.output_dir={root / 'runs'}",
+            f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+            "tracking.traces_per_iteration=0",
+            "tracking.log_checkpoints=false",
+            f"rollout.tasks_per_iteration={TASKS}",
+            "rollout.num_shards=2",  # a refill round's shards run at once, sharing the engine
+            f"reward.terms=[{{name: '{__name__}:contrast_on_some_tasks', weight: 1.0}}]",
+            "refill.max_rounds=8",
+            *overrides,
+        ],
+    )
+    return train(config)
+
+
+def _accounting(run_dir: Path, iteration: int) -> tuple[RefillResult, UpdateResult]:
+    """The iteration's refill record and update record, checked to account for every task the
+    iteration drew exactly once: trained when kept, else the reason its group was left out."""
+    record = RefillResult.model_validate_json(refill_record(run_dir, iteration).read_text())
+    updated = UpdateResult.model_validate_json(update_record(run_dir, iteration).read_text())
+    drawn = {task_id for ids in record.rounds for task_id in ids}
+    assert updated.tasks.keys() == drawn
+    assert {t for t, outcome in updated.tasks.items() if outcome == TRAINED} == set(record.kept)
+    assert {t: o for t, o in updated.tasks.items() if o != TRAINED} == record.dropped()
+    return record, updated
+
+
+@pytest.fixture(scope="module")
+def refilled(prefect_harness, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("refill") / "plain"
+    summary = _train(root, "refill.drop=[zero_variance]")
+    run_dir = Path(summary.run_dir)
+    record = RefillResult.model_validate_json(refill_record(run_dir, 1).read_text())
+    return summary, run_dir, record
+
+
+def test_the_partition_holds_a_full_batch_of_groups_with_contrast(refilled) -> None:
+    summary, run_dir, record = refilled
+    assert summary.iterations_run == [1]
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for step in table_to_steps(read_partition(run_dir, 1)):
+        totals[step.task_id][step.trajectory_id] += step.reward
+    metrics = summary.last_metrics
+    assert list(totals) == record.kept
+    assert metrics["refill/kept_groups"] == len(record.kept)
+    if record.full:
+        assert len(totals) == TASKS and metrics["refill/batch_full"] == 1.0
+    else:  # the rounds ran out first: the metric says so
+        assert len(totals) < TASKS and metrics["refill/batch_full"] == 0.0
+        assert metrics["refill/rounds"] == 8
+    for task_id, episodes in totals.items():
+        assert len(episodes) == 4 and np.std(list(episodes.values()), ddof=1) > 1e-6, task_id
+    assert metrics["advantage/zero_variance_group_share"] == 0.0
+
+
+def test_refill_ran_and_counted_every_drop(refilled) -> None:
+    summary, _run_dir, record = refilled
+    drawn = [task_id for ids in record.rounds for task_id in ids]
+    flat = [task_id for task_id in drawn if not _contrast(task_id)]
+    assert flat, "the seed must draw a task without contrast, or nothing is refilled"
+    assert [(task_id, reason) for _, task_id, reason in record.drops] == [
+        (task_id, ZERO_VARIANCE) for task_id in flat
+    ]
+    metrics = summary.last_metrics
+    assert metrics["refill/dropped_zero_variance"] == len(flat)
+    assert metrics["refill/rounds"] == len(record.rounds) - 1 >= 1
+    assert metrics["refill/tasks_drawn"] == len(drawn) - TASKS
+    assert len(drawn) == len(set(drawn))  # refill tasks are new to the iteration
+
+
+def test_every_drawn_task_is_accounted_for_once(refilled) -> None:
+    _summary, run_dir, record = refilled
+    _accounting(run_dir, 1)
+    assert set(record.dropped().values()) <= {ZERO_VARIANCE}
+
+
+def test_refill_rounds_were_staged_shards_of_their_own(refilled) -> None:
+    _summary, run_dir, record = refilled
+    rollouts = iteration_dir(run_dir, 1) / "rollouts"
+    for refill_round, ids in enumerate(record.rounds[1:], start=1):
+        plan = json.loads((rollouts / f"refill_{refill_round:02d}_tasks.json").read_text())
+        assert plan["retry"] == [] and plan["new"] == len(ids)
+        shards = sorted(rollouts.glob(f"refill_{refill_round:02d}_shard_*.json"))
+        assert len(shards) == min(2, len(ids))
+    assert not list(rollouts.glob("*.arrow"))  # staged steps go once the partition is committed
+
+
+def test_refill_under_overlap_keeps_stale_rows_out(
+    prefect_harness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """S = 1 with on_stale=drop: iteration k+2 is collected while k updates, often with a
+    policy too old for its own update; those groups are dropped as stale and refilled, the
+    refill rounds sampling (under the engine's use lock) beside the collections running
+    ahead. Which groups turn stale depends on thread timing, so the checks hold for any."""
+    root = tmp_path_factory.mktemp("refill") / "overlap"
+    summary = _train(
+        root,
+        "run.iterations=3",
+        "refill.drop=[zero_variance, stale]",
+        "overlap.max_staleness=1",
+        "overlap.on_stale=drop",
+        "trainer.off_policy_correction=decoupled",
+        "trainer.old_logprobs=recompute",
+    )
+    assert summary.iterations_run == [1, 2, 3]
+    run_dir = Path(summary.run_dir)
+    for k in (1, 2, 3):
+        record, updated = _accounting(run_dir, k)
+        assert record.full and updated.metrics["async/dropped_stale_rows"] == 0.0
+        rows = table_to_steps(read_partition(run_dir, k))
+        assert {s.task_id for s in rows} == set(record.kept)
+        assert all(k - 1 - s.policy_version <= 1 for s in rows)
+        stale = [t for r, t, reason in record.drops if reason == "stale"]
+        assert all(r == 0 for r, _, reason in record.drops if reason == "stale"), stale
