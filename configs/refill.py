@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from configs.base import Section
 
-DropReason = Literal["zero_variance", "failed", "stale"]
+DropReason = Literal["zero_variance", "uniform_outcome", "failed", "stale"]
 
 
 class RefillSection(Section):
@@ -22,8 +22,11 @@ class RefillSection(Section):
         default_factory=list,
         description="Which groups are left out of the update and replaced: 'zero_variance' "
         "(every episode of the task got the same total reward, within algorithm.epsilon: no "
-        "contrast for a group baseline), 'failed' (an episode ended in an env error or an "
-        "agent error, timeout or refused call, or left no row), 'stale' (a row is older than "
+        "contrast for a group baseline), 'uniform_outcome' (every episode succeeded, or every "
+        "one failed: DAPO's accuracy filter; such a group's advantages come only from other "
+        "reward differences, such as an env's per-step penalties or shaping terms), 'failed' "
+        "(an episode ended in an env error or an agent error, timeout or refused call, or left "
+        "no row), 'stale' (a row is older than "
         "overlap.max_staleness; needs overlap.on_stale=drop). Empty (the default) = every "
         "group trains as collected. A task with no row at all is always replaced once any "
         "reason is listed: it has no group to keep.",

@@ -104,12 +104,13 @@ class RunConfig(Section):
                 "remove 'stale' from refill.drop, or set overlap.max_staleness >= 1 and "
                 "overlap.on_stale=drop"
             )
-        if "zero_variance" in self.refill.drop and self.rollout.group_size < 2:
-            raise ValueError(
-                f"refill.drop lists 'zero_variance' with rollout.group_size="
-                f"{self.rollout.group_size}: a group of one has no variance, so every group "
-                "would be dropped; set rollout.group_size >= 2 or remove 'zero_variance'"
-            )
+        for reason in ("zero_variance", "uniform_outcome"):
+            if reason in self.refill.drop and self.rollout.group_size < 2:
+                raise ValueError(
+                    f"refill.drop lists {reason!r} with rollout.group_size="
+                    f"{self.rollout.group_size}: a group of one has no variance, so every "
+                    f"group would be dropped; set rollout.group_size >= 2 or remove {reason!r}"
+                )
         return self
 
     @model_validator(mode="after")

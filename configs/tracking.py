@@ -51,6 +51,15 @@ class TrackingSection(Section):
         "the update then pushes most sampled tokens one way, e.g. down when failures run longer "
         "than successes under token-mean. >= 1 = never.",
     )
+    warn_no_success_share: float = Field(
+        0.8,
+        ge=0.0,
+        description="Warn when at least this share of the policy gradient's weight (loss "
+        "weight x |advantage|, loss_weight/no_success_group_share) comes from groups where no "
+        "episode succeeded: the update then learns from reward differences among failures (an "
+        "env's per-step penalties, shaping terms), not from success; refill.drop="
+        "[uniform_outcome] leaves such groups out. > 1 = never.",
+    )
     warn_reward_falling: int = Field(
         3,
         ge=0,

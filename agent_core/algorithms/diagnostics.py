@@ -40,16 +40,21 @@ def advantage_diagnostics(
     trajectory: np.ndarray,
     failed: np.ndarray,
     mode: str,
+    no_success_group: np.ndarray | None = None,
 ) -> dict[str, float]:
     """How the update will lean, from step rows: advantage [S], tokens [S], trajectory [S],
-    failed [S] (True when the step's trajectory did not succeed).
+    failed [S] (True when the step's trajectory did not succeed), no_success_group [S] (True
+    when no trajectory of the step's group succeeded; None: not reported).
 
     advantage/weighted_mean: the mean advantage as `mode` weighs it (the direction the policy
     gradient leans: far from 0 means the update mostly pushes down, or up, everything sampled);
     per_token / per_step / per_trajectory_mean: the same under the other weightings;
     weighted_bias: weighted_mean / (weighted mean |advantage|), in [-1, 1], scale-free;
     loss_weight/failed_share, success_share: the loss weight on failed / successful
-    trajectories."""
+    trajectories; loss_weight/no_success_group_share: the share of the policy gradient's
+    weight (loss weight x |advantage|) from groups where nothing succeeded, whose advantages
+    come only from reward differences among failures (an env's per-step penalties, shaping
+    terms), not from success."""
     adv = np.asarray(advantage, dtype=np.float64)
     failed = np.asarray(failed, dtype=bool)
 
@@ -59,7 +64,13 @@ def advantage_diagnostics(
     mean = weighted(mode)
     abs_mean = weighted(mode, np.abs(adv))
     failed_share = weighted(mode, failed.astype(np.float64))
-    return {
+    out = {}
+    if no_success_group is not None:
+        pulls = step_loss_weights(tokens, trajectory, mode) * np.abs(adv)
+        total = pulls.sum()
+        share = pulls[np.asarray(no_success_group, dtype=bool)].sum() / total if total else 0.0
+        out["loss_weight/no_success_group_share"] = float(share)
+    return out | {
         "advantage/weighted_mean": mean,
         "advantage/weighted_bias": mean / abs_mean if abs_mean > 0 else 0.0,
         "advantage/per_token_mean": weighted("token-mean"),
@@ -98,11 +109,16 @@ def falling_streak(history: list[float]) -> int:
 
 
 def update_warnings(
-    metrics: dict[str, float], bias_limit: float, falling_limit: int, mode: str
+    metrics: dict[str, float],
+    bias_limit: float,
+    falling_limit: int,
+    mode: str,
+    no_success_limit: float,
 ) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
-    (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, or the sampled
-    reward falling `falling_limit` (> 0) iterations in a row."""
+    (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, at least
+    `no_success_limit` of the gradient's weight from groups where nothing succeeded, or the
+    sampled reward falling `falling_limit` (> 0) iterations in a row."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
     if abs(bias) > bias_limit:
@@ -115,6 +131,13 @@ def update_warnings(
             f"({bias:+.2f} of its mean size): the update pushes most sampled tokens {direction}; "
             f"{metrics.get('loss_weight/failed_share', 0.0):.0%} of the loss weight is on failed "
             f"trajectories{hint}"
+        )
+    no_success = metrics.get("loss_weight/no_success_group_share", 0.0)
+    if no_success >= no_success_limit:
+        out.append(
+            f"{no_success:.0%} of the update's gradient comes from groups where no episode "
+            "succeeded: it learns from reward differences among failures (per-step penalties, "
+            "shaping), not from success; refill.drop=[uniform_outcome] leaves such groups out"
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))
     if falling_limit > 0 and streak >= falling_limit:

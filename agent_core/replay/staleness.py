@@ -16,6 +16,8 @@ TRAINED = "trained"  # at least one of its rows was in the update
 STALE = "stale"  # its rows with a policy gradient were all older than the bound
 ZERO_VARIANCE = "zero_variance"  # every row's advantage is exactly 0 (no policy gradient)
 FAILED = "failed"  # no row at all: every episode of it was lost (env or agent error)
+# dynamic sampling only (refill.drop): every episode succeeded, or every one failed
+UNIFORM_OUTCOME = "uniform_outcome"
 
 
 def staleness(table: pa.Table, trained_version: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from agent_core.core.records import Step, Task
 from agent_core.core.results import RefillResult, RunHandle, ShardResult
 from agent_core.core.run_folder import refill_record
 from agent_core.replay.schema import table_to_steps
-from agent_core.replay.staleness import FAILED, STALE, ZERO_VARIANCE
+from agent_core.replay.staleness import FAILED, STALE, UNIFORM_OUTCOME, ZERO_VARIANCE
 from agent_core.replay.store import read_ipc
 from agent_core.rewards.scoring import configured_terms
 from agent_core.rollout.shard import shard_count
@@ -35,7 +35,7 @@ from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 # the reasons a group is left out, in the order one is reported when several apply
-REASONS = (FAILED, STALE, ZERO_VARIANCE)
+REASONS = (FAILED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME)
 # rewards one round's steps of its tasks in place; returns the term means and judge counters
 Reward = Callable[[list[Step], list[Task], int], dict[str, float]]
 
@@ -58,6 +58,14 @@ def _flat(rows: list[Step], epsilon: float) -> bool:
     )
 
 
+def _uniform(rows: list[Step]) -> bool:
+    """Every episode of the task succeeded, or every one failed (DAPO's accuracy filter): its
+    advantages can then come only from other reward differences (an env's per-step
+    penalties, shaping terms), never from success against failure."""
+    ended = {step.trajectory_id: step.success for step in rows if step.done}
+    return len(set(ended.values())) <= 1
+
+
 def _by_task(steps: list[Step]) -> dict[str, list[Step]]:
     by_task: dict[str, list[Step]] = defaultdict(list)
     for step in steps:
@@ -70,6 +78,8 @@ def _applies(reason: str, rows: list[Step], lost: bool, oldest_version: int, eps
         return lost or any(_failed(s) for s in rows)
     if reason == STALE:
         return any(s.policy_version < oldest_version for s in rows)
+    if reason == UNIFORM_OUTCOME:
+        return _uniform(rows)
     return _flat(rows, eps)
 
 
@@ -82,11 +92,12 @@ def group_verdicts(
     epsilon: float,
 ) -> dict[str, str | None]:
     """For each task id of a round: None when its group stays in the batch, else why it is left
-    out: the first reason in `drop`, in the order failed, stale, zero_variance, that applies.
+    out: the first reason in `drop`, in the order failed, stale, zero_variance,
+    uniform_outcome, that applies.
     A task with no row at all is failed whatever `drop` says (it has no group to keep).
     failed: a task in `lost` (an episode of it left no row), or a step ending in an env or
     agent error; stale: a row sampled by a policy older than `oldest_version`; zero_variance:
-    `_flat` with `epsilon`. `steps` must be rewarded."""
+    `_flat` with `epsilon`; uniform_outcome: `_uniform`. `steps` must be rewarded."""
     by_task = _by_task(steps)
     verdicts: dict[str, str | None] = {}
     for task_id in task_ids:

@@ -187,8 +187,8 @@ def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateR
 def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> list[str]:
     """The iteration's console lines: reward and loss; how the update leaned (the mean
     advantage as the loss weighs it, the loss weight on failed trajectories, the estimated
-    reward after the update when it was estimated); with dynamic sampling, the groups kept and
-    dropped; then each warning."""
+    reward after the update when it was estimated); with overlap, the rows' staleness; with
+    dynamic sampling, the groups kept and dropped; then each warning."""
     m = metrics
     lines = [
         f"iteration {iteration}: reward/mean={m['reward/mean']:.3f} "
@@ -209,6 +209,14 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
                 f"~{m['actor/reward_after_update_estimate']:.3f} (estimate)"
             )
         lines.append(lean)
+    if cfg.overlap.max_staleness and "actor/async/staleness_mean" in m:  # how old it trained
+        lines.append(
+            f"  overlap: row staleness mean {m['actor/async/staleness_mean']:.2f} "
+            f"max {m['actor/async/staleness_max']:.0f} (bound {cfg.overlap.max_staleness}), "
+            f"dropped {m['actor/async/dropped_stale_rows']:.0f} rows, "
+            f"{m['actor/async/mixed_version_trajectories']:.0f} trajectories sampled by two "
+            "policies or more"
+        )
     if "refill/kept_groups" in m:  # dynamic sampling: what it dropped and whether it filled
         dropped = ", ".join(
             f"{reason} {m[f'refill/dropped_{reason}']:.0f}" for reason in cfg.refill.drop
@@ -219,7 +227,11 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
         )
     t = cfg.tracking
     warnings = update_warnings(
-        m, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode
+        m,
+        t.warn_advantage_bias,
+        t.warn_reward_falling,
+        cfg.trainer.loss_agg_mode,
+        t.warn_no_success_share,
     )
     return lines + [f"  warning: {w}" for w in warnings]
 

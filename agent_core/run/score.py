@@ -130,6 +130,7 @@ def _episode_metrics(steps: list[Step]) -> dict[str, float]:
 def _update_diagnostics(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
     """How the coming update leans (`advantage_diagnostics`), over the rows it will train on."""
     success = {tid: t[-1].success for tid, t in group_trajectories(steps).items()}
+    group_success = {s.group_id for s in steps if success[s.trajectory_id]}
     skip_zero = skips_zero_advantage(cfg)
     trained = [s for s in steps if s.response_ids and not (skip_zero and s.advantage == 0.0)]
     return advantage_diagnostics(
@@ -138,6 +139,7 @@ def _update_diagnostics(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
         np.array([s.trajectory_id for s in trained]),
         np.array([not success[s.trajectory_id] for s in trained], dtype=bool),
         cfg.trainer.loss_agg_mode,
+        np.array([s.group_id not in group_success for s in trained], dtype=bool),
     )
 
 
@@ -160,7 +162,11 @@ def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[
     falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], t.warn_reward_falling)
     added = {"warning/reward_falling_iterations": float(falling)}
     warnings = update_warnings(
-        metrics | added, t.warn_advantage_bias, t.warn_reward_falling, cfg.trainer.loss_agg_mode
+        metrics | added,
+        t.warn_advantage_bias,
+        t.warn_reward_falling,
+        cfg.trainer.loss_agg_mode,
+        t.warn_no_success_share,
     )
     for warning in warnings:
         log.warning("iteration %d: %s", iteration, warning)

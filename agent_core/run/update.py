@@ -35,6 +35,7 @@ from agent_core.replay.staleness import (
     FAILED,
     STALE,
     TRAINED,
+    UNIFORM_OUTCOME,
     ZERO_VARIANCE,
     stale_mask,
     staleness_metrics,
@@ -167,7 +168,7 @@ def update(
         metrics |= past.selection.metrics()
     metrics |= staleness_metrics(partition_rows, version, too_old)
     tasks = drawn_task_outcomes(cfg, run_dir, iteration, partition_rows, too_old)
-    for outcome in (TRAINED, STALE, ZERO_VARIANCE, FAILED):
+    for outcome in (TRAINED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME, FAILED):
         metrics[f"async/tasks_{outcome}"] = float(sum(o == outcome for o in tasks.values()))
     crash_point("update", iteration)
     saving = time.perf_counter()

@@ -189,3 +189,18 @@ def test_overlap_needs_an_off_policy_correction() -> None:
     with pytest.raises(ValidationError, match="less than or equal to 8"):
         _config(max_staleness=9)
     assert _config(max_staleness=1).overlap.on_stale == "wait"
+
+
+def test_the_console_line_shows_how_old_the_trained_rows_were() -> None:
+    from agent_core.run.report import console_lines
+
+    metrics = {"reward/mean": 0.5, "success_rate": 0.5, "actor/policy_loss": 0.1,
+               "advantage/zero_variance_group_share": 0.0, "actor/async/staleness_mean": 0.97,
+               "actor/async/staleness_max": 1.0, "actor/async/dropped_stale_rows": 3.0,
+               "actor/async/mixed_version_trajectories": 2.0}  # fmt: skip
+    lines = console_lines(_config(max_staleness=1), 3, metrics)
+    assert lines[1] == (
+        "  overlap: row staleness mean 0.97 max 1 (bound 1), dropped 3 rows, 2 trajectories "
+        "sampled by two policies or more"
+    )
+    assert not any("overlap" in line for line in console_lines(RunConfig(), 3, metrics))

@@ -6,6 +6,7 @@ fail of failed groups, rounds running out), the update's per-task record, and th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from agent_core.core.records import Step, Task
 from agent_core.core.results import RefillResult, RunHandle, ShardResult
 from agent_core.core.run_folder import refill_record, shard_files
 from agent_core.replay import steps_to_table
-from agent_core.replay.staleness import FAILED, STALE, TRAINED, ZERO_VARIANCE
+from agent_core.replay.staleness import FAILED, STALE, TRAINED, UNIFORM_OUTCOME, ZERO_VARIANCE
 from agent_core.replay.store import write_ipc
 from agent_core.rollout.shard import shard_count, shard_tasks
 from agent_core.run import placement
@@ -89,6 +90,26 @@ def test_a_group_of_one_has_zero_variance() -> None:
     assert group_verdicts([_step("one", 0, 1.0)], ["one"], (), ["zero_variance"], 0, 1e-6) == {
         "one": ZERO_VARIANCE
     }
+
+
+def test_uniform_outcome_drops_groups_where_success_does_not_vary() -> None:
+    """DAPO's accuracy filter: a group whose episodes all failed (or all succeeded) is dropped
+    even when its rewards vary (here by a per-step penalty); a group with a success and a
+    failure stays, whatever its rewards."""
+
+    def episode(task: str, j: int, success: bool, penalties: int) -> list[Step]:
+        steps = [_step(task, j, -0.1, k=k) for k in range(penalties)]
+        last = _step(task, j, 1.0 if success else 0.0, k=penalties)
+        return [replace(s, done=False) for s in steps] + [replace(last, success=success)]
+
+    batch = [*episode("all_failed", 0, False, 2), *episode("all_failed", 1, False, 0),
+             *episode("mixed", 0, True, 0), *episode("mixed", 1, False, 1),
+             *episode("all_won", 0, True, 1), *episode("all_won", 1, True, 0)]  # fmt: skip
+    tasks = ["all_failed", "mixed", "all_won"]
+    verdicts = group_verdicts(batch, tasks, (), ["uniform_outcome"], 0, 1e-6)
+    assert verdicts == {"all_failed": UNIFORM_OUTCOME, "mixed": None, "all_won": UNIFORM_OUTCOME}
+    # the reward filter alone keeps both: their rewards vary by the penalties
+    assert group_verdicts(batch, tasks, (), ["zero_variance"], 0, 1e-6) == dict.fromkeys(tasks)
 
 
 def _config(tmp_path: Path, *overrides: str) -> RunConfig:

@@ -74,6 +74,28 @@ def test_advantage_diagnostics_known_answers() -> None:
     assert per_traj["loss_weight/failed_share"] == pytest.approx(0.5)
 
 
+def test_share_of_the_gradient_from_groups_without_a_success() -> None:
+    """Two groups: the known one above (two successes), and a group of two failures whose
+    advantages +-0.05 come only from a per-step penalty (one failure made one invalid move
+    less). Token-mean: the first group pulls 80 tokens x 0.5 = 40, the second 2 x 30 tokens x
+    0.05 = 3, so 3 / 43 of the gradient's weight comes from the group without a success."""
+    adv, tokens, traj, failed = _batch()
+    adv = np.concatenate([adv, [0.05] * 6 + [-0.05] * 6])
+    tokens = np.concatenate([tokens, [5] * 12])
+    traj = np.concatenate([traj, ["g1"] * 6 + ["g2"] * 6])
+    failed = np.concatenate([failed, [True] * 12])
+    no_success = np.array([False] * 14 + [True] * 12)
+    m = advantage_diagnostics(adv, tokens, traj, failed, "token-mean", no_success)
+    assert m["loss_weight/no_success_group_share"] == pytest.approx(3 / 43)
+    # an iteration where nothing succeeded: all of the gradient is penalty differences
+    only = advantage_diagnostics(adv[14:], tokens[14:], traj[14:], failed[14:], "token-mean",
+                                 no_success[14:])  # fmt: skip
+    assert only["loss_weight/no_success_group_share"] == pytest.approx(1.0)
+    assert "loss_weight/no_success_group_share" not in advantage_diagnostics(
+        adv, tokens, traj, failed, "token-mean"
+    )
+
+
 def test_reward_after_update_estimate() -> None:
     rewards = np.array([1.0, 0.0])
     assert reward_after_update_estimate(np.zeros(2), rewards) == pytest.approx((0.5, 1.0))
@@ -142,13 +164,23 @@ def test_warnings_and_console_lines() -> None:
         "actor/policy_loss": 0.1, "warning/reward_falling_iterations": 3.0,
         "actor/reward_before_update": 0.5, "actor/reward_after_update_estimate": 0.42,
     }  # fmt: skip
-    warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3, mode="token-mean")
+    warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3, mode="token-mean",
+                               no_success_limit=0.8)  # fmt: skip
+    assert metrics["loss_weight/no_success_group_share"] == 0.0  # the one group has successes
     assert len(warnings) == 2
     assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
     assert "traj-mean-token-mean" in warnings[0]  # the fix, named where it is not in use
     assert "fell 3 iteration(s) in a row" in warnings[1]
-    assert update_warnings(metrics, 0.6, 0, "token-mean") == []
-    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean")
+    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8) == []
+    no_success = update_warnings(
+        metrics | {"loss_weight/no_success_group_share": 0.9}, 0.6, 0, "token-mean", 0.8
+    )
+    assert no_success == [
+        "90% of the update's gradient comes from groups where no episode succeeded: it learns "
+        "from reward differences among failures (per-step penalties, shaping), not from "
+        "success; refill.drop=[uniform_outcome] leaves such groups out"
+    ]
+    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8)
     assert len(in_use) == 1 and "traj-mean-token-mean" not in in_use[0]
     lines = console_lines(cfg, 4, metrics)
     assert lines[0].startswith("iteration 4: reward/mean=0.500")
