@@ -209,6 +209,7 @@ def fill_batch(
     record = RefillResult(iteration=iteration, rounds=[], full=False)
     rewarded: list[dict[str, float]] = []
     refills: list[ShardResult] = []
+    drawn: dict[str, float] = {}
     start = time.perf_counter()
     for refill_round in range(max_rounds + 1):
         tasks = round_tasks(cfg, run.run_dir, iteration, refill_round)
@@ -220,6 +221,8 @@ def fill_batch(
             crash_point("refill", iteration)
         steps = _read_steps(shards)
         rewarded.append(reward(steps, tasks, refill_round))
+        if refill_round == 0:  # what the policy sampled, before any group is left out
+            drawn = _drawn_metrics(steps)
         kept_now, retry = _judge_round(cfg, iteration, refill_round, tasks, shards, steps, record)
         kept |= kept_now
         missing = target - len(kept)
@@ -237,8 +240,26 @@ def fill_batch(
     atomic_write_text(refill_record(run.run_dir, iteration), record.model_dump_json())
     steps = [step for rows in kept.values() for step in rows]
     metrics = _reward_metrics(cfg, steps, rewarded) | _refill_metrics(record, refills, target)
+    metrics |= drawn
     metrics["timing_s/refill"] = time.perf_counter() - start
     return Filled(steps, metrics, refills, record)
+
+
+def _drawn_metrics(steps: list[Step]) -> dict[str, float]:
+    """The iteration's own draw (round 0) before dynamic sampling: its success rate and mean
+    episode reward, the figures comparable with a run without refill (the batch's own
+    success_rate and reward/mean are over the kept groups, chosen for their contrast)."""
+    reward: dict[str, float] = defaultdict(float)
+    success: dict[str, bool] = {}
+    for step in steps:
+        reward[step.trajectory_id] += step.reward
+        if step.done:
+            success[step.trajectory_id] = step.success
+    n = max(1, len(reward))
+    return {
+        "refill/drawn_success_rate": sum(success.values()) / n,
+        "refill/drawn_reward_mean": sum(reward.values()) / n,
+    }
 
 
 def _reward_metrics(

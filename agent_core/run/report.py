@@ -223,7 +223,9 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
         )
         lines.append(
             f"  refill: {m['refill/kept_groups']:.0f}/{cfg.rollout.tasks_per_iteration} groups "
-            f"kept after {m['refill/rounds']:.0f} extra rounds (dropped: {dropped})"
+            f"kept after {m['refill/rounds']:.0f} extra rounds (dropped: {dropped}); the "
+            f"draw before it: success_rate={m['refill/drawn_success_rate']:.3f} "
+            f"reward/mean={m['refill/drawn_reward_mean']:.3f}"
         )
     t = cfg.tracking
     warnings = update_warnings(

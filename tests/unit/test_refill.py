@@ -243,6 +243,10 @@ def test_refill_keeps_the_batch_full_and_counts_every_drop(
     assert m["refill/tasks_drawn"] == len(drawn) - 4  # each refill round drew what was missing
     assert m["refill/episodes"] == 2 * (len(drawn) - 4)
     assert set(_accounted(filled).values()) == {"kept", ZERO_VARIANCE}
+    # the iteration's own draw before filtering: episode rewards j = 0, 1 in contrast tasks
+    first = record.rounds[0]
+    assert m["refill/drawn_reward_mean"] == sum(_contrast(t) for t in first) / (2 * len(first))
+    assert m["refill/drawn_success_rate"] == 0.0
     # the kept groups' steps, rewarded, in round and task order
     assert [s.task_id for s in filled.steps[::2]] == record.kept
     assert {s.trajectory_id for s in filled.steps} == {
