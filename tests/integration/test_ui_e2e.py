@@ -223,6 +223,50 @@ def test_api_refuses_a_bad_group_size(served, deployment) -> None:
     assert "minimum of 1" in response.text
 
 
+def test_api_run_with_overlap_completes(served, deployment, runner) -> None:
+    """An asynchronous run (overlap.max_staleness=1) created through the deployment's API, as
+    the UI form creates one: it completes, every update trained rows at most one version old,
+    and the rows of iterations 2 and 3 were sampled while the previous update ran."""
+    parameters = deployment["parameters"]
+    config = parameters["config"]
+    name = f"{RUN_NAME}-async"
+    overlapped = parameters | {
+        "config": config
+        | {
+            "run": config["run"] | {"name": name, "iterations": 3},
+            "overlap": {"max_staleness": 1},
+            "trainer": config["trainer"]
+            | {"off_policy_correction": "decoupled", "old_logprobs": "recompute"},
+        }
+    }
+    response = httpx.post(
+        f"{_api(served)}/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": overlapped, "name": name},
+        headers=served.csrf_headers(),
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+    flow_run_id = response.json()["id"]
+
+    def finished() -> dict | None:
+        flow_run = httpx.get(f"{_api(served)}/flow_runs/{flow_run_id}", timeout=10).json()
+        state = (flow_run.get("state") or {}).get("type")
+        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
+
+    done = _wait_for(f"flow run {flow_run_id}", finished, FLOW_RUN_S, lambda: _tail(runner))
+    assert done["state"]["type"] == "COMPLETED", f"{done['state']}\n{_tail(runner)}"
+    client = MlflowClient(tracking_uri=served.services.mlflow_url)
+    experiment = client.get_experiment_by_name("steprl-smoke")
+    (run,) = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+    staleness = {
+        m.step: m.value
+        for m in client.get_metric_history(run.info.run_id, "actor/async/staleness_mean")
+    }
+    assert sorted(staleness) == [1, 2, 3]
+    assert staleness[1] == 0.0 and all(0.0 <= v <= 1.0 for v in staleness.values())
+    assert max(staleness[2], staleness[3]) > 0.0, staleness
+
+
 @pytest.fixture(scope="module")
 def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
     """Submit a custom run from the UI form (run.name and trainer.learning_rate overridden)
