@@ -18,8 +18,8 @@ MLflow run in the bench's database. bench/scale.py's cost model, with each phase
 measured here, predicts S >= 1 on this box from S = 0, and both loops on k GPUs.
 
 Run: nice -n 10 .venv/bin/python bench/async.py (defaults: --tasks 4 --iterations 4
---eval-every 2 --eval-episodes 8, six layouts: 30-45 min on 2 shared cores); --smoke: the tiny
-random model, S = 0 and S = 1 without workers, seconds each.
+--eval-every 2 --eval-episodes 8, six layouts: 46 min on 2 cores shared with other runs at load
+6-13); --smoke: the tiny random model, S = 0 and S = 1 without workers, seconds each.
 """
 
 from __future__ import annotations
