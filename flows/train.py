@@ -65,11 +65,14 @@ def train(config: RunConfig) -> TrainSummary:
         # in task threads while k scores and updates; S = 0 is the sequential loop
         ahead = config.overlap.max_staleness
         ahead += 1 if ahead and config.overlap.on_stale == "drop" else 0
+        # in iteration order: iteration j's shards start once j-1's are done (they take turns
+        # on the same engine or workers; the UI shows a waiting one as Pending)
         collecting: dict[int, list] = {}
         for k in range(run.start_iteration, run.iterations + 1):
             for j in range(k, min(k + ahead, run.iterations) + 1):
                 if j not in collecting:
-                    collecting[j] = [collect_rollouts.submit(config, run, j, s)
+                    before = collecting.get(j - 1, [])
+                    collecting[j] = [collect_rollouts.submit(config, run, j, s, wait_for=before)
                                      for s in range(run.shards)]  # fmt: skip
             shards = [future.result() for future in collecting.pop(k)]
             scored = score_rollouts(config, run, k, shards)

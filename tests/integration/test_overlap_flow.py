@@ -126,6 +126,18 @@ def test_age_bound_holds_under_random_timing(
             age <= max_staleness and adv != 0.0
             for age, adv in zip(ages, rows["advantage"], strict=True)
         ), k
+    # collections take the engine in iteration order: all of j-1's generate calls end before
+    # j's first begins (they were once served in whatever order their threads arrived)
+    spans_by_iteration = {}
+    for k in range(1, ITERATIONS + 1):
+        infos = pq.read_table(run_dir / f"iter_{k:04d}" / "steps.parquet").column("info")
+        timing = [json.loads(info)["timing"] for info in infos.to_pylist()]
+        spans_by_iteration[k] = (
+            min(t["generate_start_ns"] for t in timing),
+            max(t["generate_end_ns"] for t in timing),
+        )
+    for k in range(2, ITERATIONS + 1):
+        assert spans_by_iteration[k][0] >= spans_by_iteration[k - 1][1], spans_by_iteration
     # the Prefect UI's timeline: some collection ran while an update ran
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     flow_run_id = client.get_run(summary.mlflow_run_id).data.tags["prefect.flow_run_id"]
