@@ -31,6 +31,31 @@ def _last_line(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
+DEATH_GRACE_S = 10.0
+
+
+def _root_cause(refs: list, rank: int, exc: Exception, grace_s: float) -> tuple[int, BaseException]:
+    """The rank to blame when `rank`'s call raised `exc`: a rank whose process died is the
+    cause, and the others then fail in a collective ("Connection closed by peer"), often
+    before Ray has noticed the death. So the other calls get `grace_s` to settle, and the
+    first one that failed because its actor died is named; else `rank` itself."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    others = [r for i, r in enumerate(refs) if i != rank]
+    if not others or isinstance(exc, RayActorError):
+        return rank, exc
+    ready, _ = ray.wait(others, num_returns=len(others), timeout=grace_s)
+    for ref in sorted(ready, key=refs.index):
+        try:
+            ray.get(ref)
+        except RayActorError as died:
+            return refs.index(ref), died
+        except Exception:
+            continue
+    return rank, exc
+
+
 class TrainerRank:
     """One rank: the process-group variables DeepSpeed reads, then a `PolicyTrainer`."""
 
@@ -147,6 +172,7 @@ class TrainerGroup:
                 try:
                     ray.get(refs[rank])
                 except Exception as exc:
+                    rank, exc = _root_cause(refs, rank, exc, min(beat, DEATH_GRACE_S))
                     raise RuntimeError(
                         f"trainer rank {rank} of {n} failed during {what}: {_last_line(exc)}; "
                         f"all ranks were stopped. {RERUN}"

@@ -382,6 +382,51 @@ def test_killed_worker_while_overlapping_loses_no_task(
     assert_every_task_once(config, summary.run_dir)
 
 
+class _DiesLater:
+    """A rank whose process is SIGKILLed after `delay` seconds."""
+
+    def run(self, delay: float) -> None:
+        time.sleep(delay)
+        os.kill(os.getpid(), 9)
+
+
+class _FailsNow:
+    """A rank that fails at once, as a survivor does in a collective its peer left."""
+
+    def run(self, message: str) -> None:
+        raise RuntimeError(message)
+
+
+def test_a_dead_rank_is_blamed_before_the_rank_its_death_broke() -> None:
+    """The survivor's "Connection closed by peer" often reaches the driver before Ray has
+    noticed its peer's death: the failure must still name the rank that died, and an
+    ordinary error with no death behind it still names its own rank."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray.exceptions import RayActorError
+
+    from agent_core.workers.ray_cluster import ensure_ray
+    from agent_core.workers.trainer_group import _root_cause
+
+    ensure_ray(SimpleNamespace(ray=SimpleNamespace(address="", num_cpus=4)))
+    survivor = ray.remote(num_cpus=0)(_FailsNow).remote()
+    doomed = ray.remote(num_cpus=0, max_restarts=0)(_DiesLater).remote()
+    refs = [survivor.run.remote("Connection closed by peer"), doomed.run.remote(1.0)]
+    ready, _ = ray.wait(refs, num_returns=1)
+    assert ready == [refs[0]]  # the survivor's error arrives first
+    with pytest.raises(RuntimeError) as first:
+        ray.get(refs[0])
+    rank, cause = _root_cause(refs, 0, first.value, 10.0)
+    assert rank == 1 and isinstance(cause, RayActorError)
+    # two ordinary errors: the rank that raised first is named, after the grace at most
+    other = ray.remote(num_cpus=0)(_FailsNow).remote()
+    refs = [survivor.run.remote("first"), other.run.remote("second")]
+    with pytest.raises(RuntimeError) as first:
+        ray.get(refs[0])
+    assert _root_cause(refs, 0, first.value, 2.0) == (0, first.value)
+
+
 def test_killed_rank_while_overlapping_reruns_losing_no_task(
     prefect_harness, tiny_model_dir, root, monkeypatch
 ) -> None:
