@@ -45,7 +45,8 @@ class TrainerSection(Section):
         64,
         ge=1,
         description="Step rows per optimizer step; gradients of its micro-batches accumulate. "
-        "Must be a multiple of micro_batch_size.",
+        "A packed trajectory is not split: a mini-batch takes whole sequences until it holds "
+        "at least this many rows. Must be a multiple of micro_batch_size.",
     )
     micro_batch_tokens: int = Field(
         1024,

@@ -288,14 +288,28 @@ def plan_minibatches(
     micro_batch_size: int,
     seed: int,
     tree_tokens: int | None = None,
+    step_rows: Sequence[int] | None = None,
 ) -> list[list[list[int]]]:
-    """Shuffle sequence indices into mini-batches, then split each into micro-batches: of
-    sequences of similar length (less padding), or with `tree_tokens` into prefix trees of at
-    most that many positions (`tree_microbatches`). Returns [mini][micro] -> sequence indices."""
-    order = np.random.default_rng(seed).permutation(len(sequences))
+    """Shuffle sequence indices into mini-batches of `mini_batch_size` step rows, then split
+    each into micro-batches: of sequences of similar length (less padding), or with
+    `tree_tokens` into prefix trees of at most that many positions (`tree_microbatches`).
+    `step_rows[i]` is how many step rows sequence i holds (1 each when not given; a packed
+    trajectory holds all its steps): a mini-batch takes whole sequences in shuffled order
+    until it holds at least `mini_batch_size` rows, so packing changes the optimizer steps
+    per epoch only by the rows of the last trajectory a mini-batch takes, not by the
+    trajectories' length. Returns [mini][micro] -> sequence indices."""
+    order = np.random.default_rng(seed).permutation(len(sequences)).tolist()
+    counts = step_rows if step_rows is not None else [1] * len(sequences)
+    minis: list[list[int]] = []
+    held = mini_batch_size
+    for i in order:
+        if held >= mini_batch_size:
+            minis.append([])
+            held = 0
+        minis[-1].append(i)
+        held += counts[i]
     plan = []
-    for start in range(0, len(order), mini_batch_size):
-        mini = order[start : start + mini_batch_size].tolist()
+    for mini in minis:
         if tree_tokens is not None:
             plan.append(tree_microbatches(sequences, mini, micro_batch_size, tree_tokens))
             continue

@@ -274,15 +274,17 @@ class PolicyTrainer:
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
         metrics.sequences, metrics.packed_trajectories = len(sequences), packed
         tokens = [s.input_ids for s in sequences]
+        step_rows = [len(s.spans) for s in sequences]
         sums: dict[str, float] = {}
         micro_count = 0
-        per_epoch = -(-len(sequences) // self.cfg.mini_batch_size)
+        per_epoch = -(-len(rows) // self.cfg.mini_batch_size)
         progress.start("update", per_epoch * epochs)
         for epoch in range(epochs):
             seed = self.seed + 1000 * iteration + epoch
             plan = plan_minibatches(
-                tokens, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed, self._tree
-            )
+                tokens, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed, self._tree,
+                step_rows,
+            )  # fmt: skip
             for mini in plan:
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
                 progress.advance("update")

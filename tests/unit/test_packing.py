@@ -18,6 +18,7 @@ from agent_core.trainer.batching import (
     build_sequences,
     collate,
     is_append_only,
+    plan_minibatches,
     trajectory_mass,
     with_trajectory_tokens,
 )
@@ -90,6 +91,33 @@ def test_build_sequences_packs_append_only_trajectories_only() -> None:
         [(i, len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids))]
         for i, r in enumerate(rows)
     ]
+
+
+def test_mini_batches_count_step_rows_not_packed_sequences(tiny_model_dir: Path) -> None:
+    """mini_batch_size is step rows per optimizer step whether or not trajectories pack: 48
+    rows in 8 append-only trajectories of 6 steps, 16 rows per mini-batch, are 3 optimizer
+    steps packed as unpacked (packed, 8 sequences were one mini-batch of 16 sequences)."""
+    rng = random.Random(5)
+    rows = [
+        TrainRow(p, r, [0.0] * len(r), 0.5 - (t % 2), trajectory_id=f"t{t}", step_index=k)
+        for t in range(8)
+        for k, (p, r) in enumerate(_trajectory(rng, 6))
+    ]
+    packed, n_packed = build_sequences(rows, pack=True)
+    assert n_packed == 8 and len(packed) == 8
+    plan = plan_minibatches(
+        [s.input_ids for s in packed], 16, 4, seed=0, step_rows=[len(s.spans) for s in packed]
+    )
+    held = [sum(len(packed[i].spans) for micro in mini for i in micro) for mini in plan]
+    assert held == [18, 18, 12]  # whole trajectories until >= 16 rows; the rest last
+    assert sorted(i for mini in plan for micro in mini for i in micro) == list(range(8))
+    # the same rows through the trainer: one optimizer step per 16 rows, packed or not
+    steps = {}
+    for pack in (True, False):
+        cfg = TrainerSection(micro_batch_size=4, mini_batch_size=16, pack_trajectories=pack)
+        metrics = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0).update(rows, 1)
+        steps[pack] = (metrics.optimizer_steps, metrics.sequences)
+    assert steps == {True: (3, 8), False: (3, 48)}
 
 
 @pytest.fixture(scope="module")
