@@ -30,6 +30,15 @@ class TrainerSection(Section):
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     epochs: int = Field(1, ge=1, description="Passes over the iteration's steps (PPO epochs).")
+    target_kl: float | None = Field(
+        None,
+        gt=0.0,
+        description="Early stop (PPO's target KL): an update takes no more optimizer steps, "
+        "in this epoch or later ones, once a mini-batch's actor/approx_kl (mean over its "
+        "tokens of 0.5 (log pi - log pi_old)^2, measured before its step) passes this; that "
+        "mini-batch's step is not taken either. Logged as actor/early_stopped and "
+        "actor/early_stop_kl. None: never stop early.",
+    )
 
     # --- Batching ---
     # Which step rows enter the update and how they are cut and laid out: rows per optimizer step
@@ -279,7 +288,14 @@ class TrainerSection(Section):
 # TrainerSection's fields by group, in field order: the configuration reference prints each
 # group as a sub-heading (tests check that the groups hold every field once, in order).
 TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
-    "Optimisation": ("learning_rate", "weight_decay", "betas", "max_grad_norm", "epochs"),
+    "Optimisation": (
+        "learning_rate",
+        "weight_decay",
+        "betas",
+        "max_grad_norm",
+        "epochs",
+        "target_kl",
+    ),
     "Batching": (
         "micro_batch_size",
         "mini_batch_size",

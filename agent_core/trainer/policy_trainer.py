@@ -61,6 +61,10 @@ class UpdateMetrics:
     value_clip_fraction: float = 0.0
     optimizer_steps: int = 0
     skipped_steps: int = 0
+    # trainer.target_kl: 1 when the update stopped early (a mini-batch's approx_kl passed it),
+    # and that mini-batch's approx_kl (0 when it ran to the end)
+    early_stopped: int = 0
+    early_stop_kl: float = 0.0
     nonfinite_losses: int = 0
     rows: int = 0
     sequences: int = 0
@@ -288,8 +292,12 @@ class PolicyTrainer:
             for mini in plan:
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
                 progress.advance("update")
+                if metrics.early_stopped:
+                    break
                 if self.world > 1:  # fault tests kill one rank after its first step
                     crash_point(f"update_rank{self.rank}", iteration)
+            if metrics.early_stopped:
+                break
         progress.finish("update")
         micro_count = self._sum_over_ranks(metrics, sums, micro_count)
         steps, n_micro = max(1, metrics.optimizer_steps), max(1, micro_count)
@@ -323,7 +331,7 @@ class PolicyTrainer:
         token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
         step_rows = [i for seqs in micros for q in seqs for i, _, _ in q.spans]
         step_count, traj_count = len(step_rows), trajectory_mass(rows, step_rows)
-        done = 0
+        done, kl_before = 0, sums.get("approx_kl", 0.0)
         for seqs, counts in rank_share(micros, self.rank, self.world):
             batch = self._collate(seqs, rows)
             try:
@@ -340,10 +348,28 @@ class PolicyTrainer:
                 sums[key] = sums.get(key, 0.0) + value
             metrics.trained_tokens += batch.response_tokens
             metrics.padded_tokens += int(batch.input_ids.numel())
+        if self._passed_target_kl(metrics, sums.get("approx_kl", 0.0) - kl_before, done):
+            self.engine.zero_grad()  # this mini-batch's gradient is not applied either
+            return done
         stepping = time.perf_counter()
         self._step(metrics, sums, done)
         metrics.optimizer_seconds += time.perf_counter() - stepping
         return done
+
+    def _passed_target_kl(self, metrics: UpdateMetrics, kl_sum: float, done: int) -> bool:
+        """trainer.target_kl: whether this mini-batch's approx_kl (the mean over its
+        micro-batches on every rank, measured before its step: how far the update's earlier
+        steps moved the policy from the one that sampled) passed the target. Every rank
+        decides on the same global value, so all stop together."""
+        target = self.cfg.target_kl
+        if target is None or self._sft:
+            return False
+        total, count = (kl_sum, done) if self.world == 1 else sum_over_ranks([kl_sum, done])
+        kl = total / count if count else 0.0
+        if kl <= target:
+            return False
+        metrics.early_stopped, metrics.early_stop_kl = 1, kl
+        return True
 
     def _step(self, metrics: UpdateMetrics, sums: dict, done: int) -> None:
         """One optimizer step on the accumulated gradients, unless no micro-batch of any rank

@@ -188,3 +188,31 @@ def test_log_ratios_are_new_minus_old_response_logprobs(trainer: PolicyTrainer) 
     lower = [replace(r, old_logprobs=[x - 0.1 for x in r.old_logprobs]) for r in same]
     expected = [0.1 * len(r.response_ids) for r in rows]
     assert trainer.log_ratios(lower) == pytest.approx(expected, abs=1e-4)
+
+
+def test_target_kl_stops_the_update_once_a_mini_batch_drifted(tiny_model_dir: Path) -> None:
+    """Old log-probs are the model's own, so the first mini-batch measures approx_kl 0 and
+    steps; a large learning rate then moves the policy, and the next mini-batch's approx_kl
+    (measured before its step) passes the target: the update stops there, its step not taken.
+    Without a target the same update takes every step."""
+    rng = random.Random(9)
+    rows = [
+        TrainRow(p, r, [0.0] * len(r), 1.0 - 2 * (t % 2), trajectory_id=f"t{t}", step_index=k)
+        for t in range(8)
+        for k, (p, r) in enumerate(_trajectory(rng, 2))
+    ]
+    runs = {}
+    for target in (None, 1e-3):
+        cfg = TrainerSection(
+            micro_batch_size=4, mini_batch_size=4, learning_rate=5e-3, epochs=2, target_kl=target
+        )
+        trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
+        own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
+        start = [
+            replace(r, old_logprobs=[float(x) for x in lp]) for r, lp in zip(rows, own, strict=True)
+        ]
+        runs[target] = trainer.update(start, iteration=1)
+    full, stopped = runs[None], runs[1e-3]
+    assert full.optimizer_steps == 8 and full.early_stopped == 0  # 16 rows / 4, 2 epochs
+    assert 1 <= stopped.optimizer_steps < 8 and stopped.early_stopped == 1
+    assert stopped.early_stop_kl > 1e-3
