@@ -27,7 +27,7 @@ import torch
 from offline import DEFAULT_MODEL, SMOKE_HELP, prepare
 
 from agent_core.algorithms.losses import clipped_policy_loss
-from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree, plan_minibatches
+from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree
 from agent_core.trainer.policy_module import PolicyModule
 from agent_core.trainer.policy_trainer import PolicyTrainer, resolve_compute_dtype
 from configs.lora import LoraSection
@@ -121,7 +121,7 @@ class PlainLoop:
         """One epoch over `rows` like `PolicyTrainer.update`; returns seconds."""
         start, cfg = time.perf_counter(), self.cfg
         sequences, _ = build_sequences(rows, cfg.pack_trajectories)
-        for mini in plan(self.trainer, sequences, iteration):
+        for mini in self.trainer.minibatch_plan(sequences, iteration, 0):
             micros = [[sequences[i] for i in mb] for mb in mini]
             tokens = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
             steps = sum(len(q.spans) for seqs in micros for q in seqs)
@@ -153,20 +153,12 @@ class PlainLoop:
         loss.backward()
 
 
-def plan(trainer: PolicyTrainer, sequences, iteration: int) -> list[list[list[int]]]:
-    """The trainer's own mini/micro-batch plan for epoch 0 of `iteration`."""
-    cfg = trainer.cfg
-    tokens = [s.input_ids for s in sequences]
-    seed = trainer.seed + 1000 * iteration
-    return plan_minibatches(tokens, cfg.mini_batch_size, cfg.micro_batch_size, seed, trainer._tree)
-
-
 def micro_shapes(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[tuple[int, int]]:
     """(width, sequences) of each micro-batch the trainer runs: a padded batch's longest
     sequence and its count, or a prefix tree's positions and 1."""
     sequences, _ = build_sequences(rows, trainer.cfg.pack_trajectories)
     shapes = []
-    for mini in plan(trainer, sequences, 1):
+    for mini in trainer.minibatch_plan(sequences, 1, 0):
         for micro in mini:
             seqs = [sequences[i] for i in micro]
             if trainer._tree is not None:

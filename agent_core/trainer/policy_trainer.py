@@ -277,19 +277,12 @@ class PolicyTrainer:
         metrics.recompute_seconds = time.perf_counter() - start
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)
         metrics.sequences, metrics.packed_trajectories = len(sequences), packed
-        tokens = [s.input_ids for s in sequences]
-        step_rows = [len(s.spans) for s in sequences]
         sums: dict[str, float] = {}
         micro_count = 0
         per_epoch = -(-len(rows) // self.cfg.mini_batch_size)
         progress.start("update", per_epoch * epochs)
         for epoch in range(epochs):
-            seed = self.seed + 1000 * iteration + epoch
-            plan = plan_minibatches(
-                tokens, self.cfg.mini_batch_size, self.cfg.micro_batch_size, seed, self._tree,
-                step_rows,
-            )  # fmt: skip
-            for mini in plan:
+            for mini in self.minibatch_plan(sequences, iteration, epoch):
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
                 progress.advance("update")
                 if metrics.early_stopped:
@@ -355,6 +348,18 @@ class PolicyTrainer:
         self._step(metrics, sums, done)
         metrics.optimizer_seconds += time.perf_counter() - stepping
         return done
+
+    def minibatch_plan(
+        self, sequences: list[TrainSequence], iteration: int, epoch: int
+    ) -> list[list[list[int]]]:
+        """The [mini][micro] -> sequence indices this update runs in `epoch` of `iteration`:
+        mini-batches of trainer.mini_batch_size step rows (a packed sequence holds all its
+        trajectory's rows), seeded by the run's seed, the iteration and the epoch."""
+        return plan_minibatches(
+            [s.input_ids for s in sequences], self.cfg.mini_batch_size,
+            self.cfg.micro_batch_size, self.seed + 1000 * iteration + epoch, self._tree,
+            [len(s.spans) for s in sequences],
+        )  # fmt: skip
 
     def _passed_target_kl(self, metrics: UpdateMetrics, kl_sum: float, done: int) -> bool:
         """trainer.target_kl: whether this mini-batch's approx_kl (the mean over its
