@@ -51,7 +51,7 @@ def with_trajectory_tokens(rows: list[TrainRow]) -> list[TrainRow]:
 
 def trajectory_mass(rows: list[TrainRow], indices: Sequence[int]) -> float:
     """How many trajectories the rows `indices` make up, each row counting its share of its
-    trajectory's tokens: the traj-mean-token-mean denominator of a mini-batch holding them."""
+    trajectory's tokens (all of an update's rows: its trajectories, whole or not)."""
     return sum(len(rows[i].response_ids) / _trajectory_tokens(rows[i]) for i in indices)
 
 

@@ -282,8 +282,14 @@ class PolicyTrainer:
         per_epoch = -(-len(rows) // self.cfg.mini_batch_size)
         progress.start("update", per_epoch * epochs)
         for epoch in range(epochs):
-            for mini in self.minibatch_plan(sequences, iteration, epoch):
-                micro_count += self._mini_step(mini, sequences, rows, metrics, sums)
+            plan = self.minibatch_plan(sequences, iteration, epoch)
+            # traj-mean-token-mean: every mini-batch divides by the update's trajectories per
+            # mini-batch, not by its own; a mini-batch of step rows holds fewer long
+            # trajectories than short ones, and dividing by its own count would weigh each
+            # long (often failed) trajectory more
+            traj_count = trajectory_mass(rows, range(len(rows))) / max(1, len(plan))
+            for mini in plan:
+                micro_count += self._mini_step(mini, sequences, rows, metrics, sums, traj_count)
                 progress.advance("update")
                 if metrics.early_stopped:
                     break
@@ -317,13 +323,15 @@ class PolicyTrainer:
             setattr(metrics, key, int(value))
         return int(values[-1])
 
-    def _mini_step(self, mini, sequences, rows, metrics: UpdateMetrics, sums: dict) -> int:
+    def _mini_step(
+        self, mini, sequences, rows, metrics: UpdateMetrics, sums: dict, traj_count: float
+    ) -> int:
         """Accumulate gradients over the micro-batches of one mini-batch, then step once (or
-        skip the step when the gradient is not finite). Returns micro-batches processed."""
+        skip the step when the gradient is not finite). Returns micro-batches processed.
+        `traj_count`: the traj-mean-token-mean divisor, the same for every mini-batch."""
         micros = [[sequences[i] for i in micro] for micro in mini]
         token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
-        step_rows = [i for seqs in micros for q in seqs for i, _, _ in q.spans]
-        step_count, traj_count = len(step_rows), trajectory_mass(rows, step_rows)
+        step_count = sum(len(q.spans) for seqs in micros for q in seqs)
         done, kl_before = 0, sums.get("approx_kl", 0.0)
         for seqs, counts in rank_share(micros, self.rank, self.world):
             batch = self._collate(seqs, rows)

@@ -120,6 +120,38 @@ def test_mini_batches_count_step_rows_not_packed_sequences(tiny_model_dir: Path)
     assert steps == {True: (3, 8), False: (3, 48)}
 
 
+def test_traj_mean_weighs_long_and_short_trajectories_alike_across_mini_batches(
+    tiny_model_dir: Path,
+) -> None:
+    """Mini-batches of step rows hold one 6-step trajectory or several 1-step ones. Under
+    traj-mean-token-mean each divides by the update's trajectories per mini-batch, so over the
+    update every trajectory weighs the same: with old log-probs the model's own and learning
+    rate 0 (ratio 1 in every mini-batch), the mini-batch losses add up to -(mini-batches) x the
+    trajectory-mean advantage, 0 here. Dividing each by its own trajectory count made them add
+    up to +1.0 on this plan: a failure alone in its mini-batch weighed what 3 successes
+    sharing one weighed."""
+    rng = random.Random(3)
+    shapes = [(f"fail{t}", 6, -0.5) for t in range(4)] + [(f"win{t}", 1, 0.5) for t in range(4)]
+    rows = [
+        TrainRow(p, r, [0.0] * len(r), adv, trajectory_id=name, step_index=k)
+        for name, n_steps, adv in shapes
+        for k, (p, r) in enumerate(_trajectory(rng, n_steps))
+    ]
+    cfg = TrainerSection(
+        micro_batch_size=2, mini_batch_size=6, loss_agg_mode="traj-mean-token-mean"
+    )
+    trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
+    for group in trainer.engine.optimizer.param_groups:
+        group["lr"] = 0.0
+    own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
+    rows = [
+        replace(r, old_logprobs=[float(x) for x in lp]) for r, lp in zip(rows, own, strict=True)
+    ]
+    metrics = trainer.update(rows, iteration=1)
+    assert metrics.optimizer_steps == 5  # 28 rows, whole trajectories until >= 6 rows
+    assert metrics.policy_loss * metrics.optimizer_steps == pytest.approx(0.0, abs=1e-5)
+
+
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir: Path) -> PolicyTrainer:
     """The trainer with every loss term that reads per-step structure switched on."""
