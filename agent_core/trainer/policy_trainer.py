@@ -281,13 +281,14 @@ class PolicyTrainer:
         micro_count = 0
         per_epoch = -(-len(rows) // self.cfg.mini_batch_size)
         progress.start("update", per_epoch * epochs)
+        trajectories = trajectory_mass(rows, range(len(rows)))
         for epoch in range(epochs):
             plan = self.minibatch_plan(sequences, iteration, epoch)
             # traj-mean-token-mean: every mini-batch divides by the update's trajectories per
             # mini-batch, not by its own; a mini-batch of step rows holds fewer long
             # trajectories than short ones, and dividing by its own count would weigh each
             # long (often failed) trajectory more
-            traj_count = trajectory_mass(rows, range(len(rows))) / max(1, len(plan))
+            traj_count = trajectories / max(1, len(plan))
             for mini in plan:
                 micro_count += self._mini_step(mini, sequences, rows, metrics, sums, traj_count)
                 progress.advance("update")
