@@ -120,6 +120,14 @@ def test_mini_batches_count_step_rows_not_packed_sequences(tiny_model_dir: Path)
     assert steps == {True: (3, 8), False: (3, 48)}
 
 
+def _at_own_logprobs(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[TrainRow]:
+    """`rows` with old log-probs the trainer's model's own: every ratio starts at 1."""
+    own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
+    return [
+        replace(r, old_logprobs=[float(x) for x in lp]) for r, lp in zip(rows, own, strict=True)
+    ]
+
+
 def test_traj_mean_weighs_long_and_short_trajectories_alike_across_mini_batches(
     tiny_model_dir: Path,
 ) -> None:
@@ -143,11 +151,7 @@ def test_traj_mean_weighs_long_and_short_trajectories_alike_across_mini_batches(
     trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
     for group in trainer.engine.optimizer.param_groups:
         group["lr"] = 0.0
-    own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
-    rows = [
-        replace(r, old_logprobs=[float(x) for x in lp]) for r, lp in zip(rows, own, strict=True)
-    ]
-    metrics = trainer.update(rows, iteration=1)
+    metrics = trainer.update(_at_own_logprobs(trainer, rows), iteration=1)
     assert metrics.optimizer_steps == 5  # 28 rows, whole trajectories until >= 6 rows
     assert metrics.policy_loss * metrics.optimizer_steps == pytest.approx(0.0, abs=1e-5)
 
@@ -214,8 +218,7 @@ def test_traj_mean_is_exact_across_micro_batches(trainer: PolicyTrainer) -> None
 
 def test_log_ratios_are_new_minus_old_response_logprobs(trainer: PolicyTrainer) -> None:
     rows = _rows(3)
-    current, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
-    same = [replace(r, old_logprobs=lp) for r, lp in zip(rows, current, strict=True)]
+    same = _at_own_logprobs(trainer, rows)
     assert trainer.log_ratios(same) == pytest.approx([0.0] * len(rows), abs=1e-4)
     lower = [replace(r, old_logprobs=[x - 0.1 for x in r.old_logprobs]) for r in same]
     expected = [0.1 * len(r.response_ids) for r in rows]
@@ -239,11 +242,7 @@ def test_target_kl_stops_the_update_once_a_mini_batch_drifted(tiny_model_dir: Pa
             micro_batch_size=4, mini_batch_size=4, learning_rate=5e-3, epochs=2, target_kl=target
         )
         trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
-        own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
-        start = [
-            replace(r, old_logprobs=[float(x) for x in lp]) for r, lp in zip(rows, own, strict=True)
-        ]
-        runs[target] = trainer.update(start, iteration=1)
+        runs[target] = trainer.update(_at_own_logprobs(trainer, rows), iteration=1)
     full, stopped = runs[None], runs[1e-3]
     assert full.optimizer_steps == 8 and full.early_stopped == 0  # 16 rows / 4, 2 epochs
     assert 1 <= stopped.optimizer_steps < 8 and stopped.early_stopped == 1
