@@ -61,6 +61,10 @@ def train(config: RunConfig) -> TrainSummary:
             warmup_policy(config, run)  # supervised cold start: becomes policy version 0
         if every and run.start_iteration == 1:
             held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
+        last = run.start_iteration - 1  # a rerun: the last committed iteration's held-out
+        if every and last >= 1 and (last % every == 0 or last == run.iterations):
+            # eval may have been cut short; a stored one is returned, not run again
+            held_out[f"iter_{last:04d}"] = evaluate_policy(config, run, last).success_rate
         # overlap.max_staleness = S: collections of k+1..k+S (k+S+1 under on_stale=drop) run
         # in task threads while k scores and updates; S = 0 is the sequential loop
         ahead = config.overlap.max_staleness

@@ -6,7 +6,8 @@ step, before the checkpoint), checkpoint (half-way through writing it), log (aft
 table and traces, before the metrics); with several trainer ranks also update_rank<r> (rank r
 of a multi-rank update, after its first optimizer step; the rank's process dies); with
 `refill.drop` set also refill (after each refill round's shards are staged, before they are
-judged; not in POINTS, which every run reaches).
+judged); with `eval.every` set also eval (a held-out evaluation of policy k under way, its
+result not yet stored). Those last ones are not in POINTS, which every run reaches.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from agent_core import live
 from agent_core.collect.loops import make_loop
 from agent_core.core.config_record import flatten
+from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_bytes, atomic_write_text
 from agent_core.core.records import Step, Task
 from agent_core.core.run_folder import (
@@ -210,6 +211,7 @@ def evaluate_in_training(
     if marker.is_file():
         return EvalOutcome.model_validate_json(marker.read_text())
     weights = Path(run.base_model) if before_warmup else policy_weights(run, version)
+    crash_point("eval", version)
     with live.engine_use(run_dir):  # with overlap on, a collection may be sampling with it
         engine = live.rollout_engine(cfg, run_dir, -1 if before_warmup else version, weights)
         outcome = evaluate_engine(cfg, engine, version, str(weights), out)

@@ -35,7 +35,9 @@ SAME_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "response_logprob
                 "reward", "advantage")  # fmt: skip
 
 
-def _run(root: Path, name: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
+def _run(
+    root: Path, name: str, crash_at: str | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     """Run the train CLI in its own process group; afterwards kill what it left behind (a
     SIGKILLed run leaves its ephemeral Prefect server orphaned, holding the output pipes)."""
     env = os.environ | {"PREFECT_HOME": str(root.parent / "prefect-home")} | SAME_MATH
@@ -51,6 +53,7 @@ def _run(root: Path, name: str, crash_at: str | None = None) -> subprocess.Compl
         "--set", f"tracking.tracking_uri=sqlite:///{root / 'mlflow.db'}",
         "--set", "trainer.keep_checkpoints=1",
         "--set", "tracking.register_every=1",
+        *extra,
     ]  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     out, err = root / f"{name}-{crash_at or 'run'}.out", root / f"{name}-{crash_at or 'run'}.err"
@@ -136,6 +139,26 @@ def test_kill_in_phase_then_resume_exactly(reference, point: str) -> None:
     assert len(traces) == 2 * len(set(trajectories.to_pylist()))
     versions = client.search_model_versions("name='steprl-crashy'")
     assert sorted(v.tags["steprl.iteration"] for v in versions) == ["1", "2"]
+
+
+def test_kill_during_held_out_eval_then_resume_evaluates_it(tmp_path: Path) -> None:
+    """A run killed while it evaluates policy 1 (iteration 1 committed) evaluates policy 1 on
+    its rerun before iteration 2: the held-out point is not lost from the curve."""
+    root = tmp_path / "eval-crash"
+    every = ("--set", "eval.every=1", "--set", "eval.episodes=2")
+    crashed = _run(root, "evalcut", crash_at="eval:1", extra=every)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_dir = root / "runs" / "evalcut"
+    assert (run_dir / "iter_0001" / "manifest.json").is_file()  # committed before the eval
+    assert not (run_dir / "eval" / "iter_0001" / "result.json").exists()
+    resumed = _run(root, "evalcut", extra=every)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"finished iterations [{ITERATIONS}]" in resumed.stdout  # resumed, not restarted
+    assert (run_dir / "eval" / "iter_0001" / "result.json").is_file()
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "eval/success_rate"))
+    assert steps == [0, 1, 2]
 
 
 def _truncate(path: Path) -> None:
