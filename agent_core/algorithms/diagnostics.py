@@ -141,5 +141,9 @@ def update_warnings(
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))
     if falling_limit > 0 and streak >= falling_limit:
-        out.append(f"the sampled reward/mean fell {streak} iteration(s) in a row")
+        out.append(
+            f"the sampled reward/mean fell {streak} iteration(s) in a row; each iteration "
+            "draws new tasks, so compare two checkpoints on the same held-out tasks (steprl "
+            "eval --checkpoint <ckpt> --set eval.temperature=1.0) before blaming the update"
+        )
     return out

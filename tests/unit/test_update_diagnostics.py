@@ -171,6 +171,7 @@ def test_warnings_and_console_lines() -> None:
     assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
     assert "traj-mean-token-mean" in warnings[0]  # the fix, named where it is not in use
     assert "fell 3 iteration(s) in a row" in warnings[1]
+    assert "the same held-out tasks" in warnings[1]  # a fall may be the new tasks' doing
     assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8) == []
     no_success = update_warnings(
         metrics | {"loss_weight/no_success_group_share": 0.9}, 0.6, 0, "token-mean", 0.8
