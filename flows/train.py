@@ -54,6 +54,10 @@ def train(config: RunConfig) -> TrainSummary:
     run = prepare_run(config, tags)
     done, metrics, held_out = [], {}, {}
     every = config.eval.every
+
+    def eval_due(k: int) -> bool:  # held-out eval after iteration k
+        return bool(every) and k >= 1 and (k % every == 0 or k == run.iterations)
+
     try:
         if every and run.start_iteration == 1 and config.warmup.enabled:
             held_out["base"] = evaluate_policy(config, run, 0, before_warmup=True).success_rate
@@ -62,8 +66,7 @@ def train(config: RunConfig) -> TrainSummary:
         if every and run.start_iteration == 1:
             held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
         last = run.start_iteration - 1  # a rerun: the last committed iteration's held-out
-        if every and last >= 1 and (last % every == 0 or last == run.iterations):
-            # eval may have been cut short; a stored one is returned, not run again
+        if eval_due(last):  # eval may have been cut short; a stored one is returned, not rerun
             held_out[f"iter_{last:04d}"] = evaluate_policy(config, run, last).success_rate
         # overlap.max_staleness = S: collections of k+1..k+S (k+S+1 under on_stale=drop) run
         # in task threads while k scores and updates; S = 0 is the sequential loop
@@ -85,7 +88,7 @@ def train(config: RunConfig) -> TrainSummary:
             synced = sync_weights(config, run, k)  # rollout workers hold policy k
             logged = log_iteration(config, run, k, shards, scored, partition, updated, synced)
             metrics = logged.metrics
-            if every and (k % every == 0 or k == run.iterations):
+            if eval_due(k):
                 evaluated = evaluate_policy(config, run, k)
                 metrics = metrics | evaluated.metrics
                 held_out[f"iter_{k:04d}"] = evaluated.success_rate
