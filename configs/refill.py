@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from configs.base import Section
 
-DropReason = Literal["zero_variance", "uniform_outcome", "failed", "stale"]
+DropReason = Literal["zero_variance", "uniform_outcome", "no_success", "failed", "stale"]
 
 
 class RefillSection(Section):
@@ -24,7 +24,9 @@ class RefillSection(Section):
         "(every episode of the task got the same total reward, within algorithm.epsilon: no "
         "contrast for a group baseline), 'uniform_outcome' (every episode succeeded, or every "
         "one failed: DAPO's accuracy filter; such a group's advantages come only from other "
-        "reward differences, such as an env's per-step penalties or shaping terms), 'failed' "
+        "reward differences, such as an env's per-step penalties or shaping terms), "
+        "'no_success' (every episode failed: the half of that filter that costs nothing on "
+        "an env the policy already solves, where every group succeeds), 'failed' "
         "(an episode ended in an env error or an agent error, timeout or refused call, or left "
         "no row), 'stale' (a row is older than "
         "overlap.max_staleness; needs overlap.on_stale=drop). Empty (the default) = every "

@@ -120,7 +120,7 @@ class RefillResult(BaseModel):
     drops: list[tuple[int, str, str]] = Field(
         default_factory=list,
         description="Every group left out, as (round, task_id, reason): 'zero_variance', "
-        "'uniform_outcome', 'failed' or 'stale'.",
+        "'uniform_outcome', 'no_success', 'failed' or 'stale'.",
     )
     kept: list[str] = Field(
         default_factory=list, description="Task ids whose groups the partition holds, in order."

@@ -18,6 +18,8 @@ ZERO_VARIANCE = "zero_variance"  # every row's advantage is exactly 0 (no policy
 FAILED = "failed"  # no row at all: every episode of it was lost (env or agent error)
 # dynamic sampling only (refill.drop): every episode succeeded, or every one failed
 UNIFORM_OUTCOME = "uniform_outcome"
+# dynamic sampling only (refill.drop): every episode failed
+NO_SUCCESS = "no_success"
 
 
 def staleness(table: pa.Table, trained_version: int) -> np.ndarray:

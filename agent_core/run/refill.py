@@ -25,7 +25,13 @@ from agent_core.core.records import Step, Task
 from agent_core.core.results import RefillResult, RunHandle, ShardResult
 from agent_core.core.run_folder import refill_record
 from agent_core.replay.schema import table_to_steps
-from agent_core.replay.staleness import FAILED, STALE, UNIFORM_OUTCOME, ZERO_VARIANCE
+from agent_core.replay.staleness import (
+    FAILED,
+    NO_SUCCESS,
+    STALE,
+    UNIFORM_OUTCOME,
+    ZERO_VARIANCE,
+)
 from agent_core.replay.store import read_ipc
 from agent_core.rewards.scoring import configured_terms
 from agent_core.rollout.shard import shard_count
@@ -35,7 +41,7 @@ from configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 # the reasons a group is left out, in the order one is reported when several apply
-REASONS = (FAILED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME)
+REASONS = (FAILED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME, NO_SUCCESS)
 # rewards one round's steps of its tasks in place; returns the term means and judge counters
 Reward = Callable[[list[Step], list[Task], int], dict[str, float]]
 
@@ -66,6 +72,13 @@ def _uniform(rows: list[Step]) -> bool:
     return len(set(ended.values())) <= 1
 
 
+def _no_success(rows: list[Step]) -> bool:
+    """Every episode of the task failed: its advantages can come only from per-step penalties
+    or shaping terms, and then teach failing at a lower cost. A group where every episode
+    succeeded stays (the filter costs nothing on an env the policy already solves)."""
+    return not any(step.success for step in rows if step.done)
+
+
 def _by_task(steps: list[Step]) -> dict[str, list[Step]]:
     by_task: dict[str, list[Step]] = defaultdict(list)
     for step in steps:
@@ -80,6 +93,8 @@ def _applies(reason: str, rows: list[Step], lost: bool, oldest_version: int, eps
         return any(s.policy_version < oldest_version for s in rows)
     if reason == UNIFORM_OUTCOME:
         return _uniform(rows)
+    if reason == NO_SUCCESS:
+        return _no_success(rows)
     return _flat(rows, eps)
 
 
@@ -93,11 +108,12 @@ def group_verdicts(
 ) -> dict[str, str | None]:
     """For each task id of a round: None when its group stays in the batch, else why it is left
     out: the first reason in `drop`, in the order failed, stale, zero_variance,
-    uniform_outcome, that applies.
+    uniform_outcome, no_success, that applies.
     A task with no row at all is failed whatever `drop` says (it has no group to keep).
     failed: a task in `lost` (an episode of it left no row), or a step ending in an env or
     agent error; stale: a row sampled by a policy older than `oldest_version`; zero_variance:
-    `_flat` with `epsilon`; uniform_outcome: `_uniform`. `steps` must be rewarded."""
+    `_flat` with `epsilon`; uniform_outcome: `_uniform`; no_success: `_no_success`. `steps`
+    must be rewarded."""
     by_task = _by_task(steps)
     verdicts: dict[str, str | None] = {}
     for task_id in task_ids:

@@ -33,6 +33,7 @@ from agent_core.core.run_folder import (
 from agent_core.replay.buffer import ReplaySelection, replayed_table, select_replay
 from agent_core.replay.staleness import (
     FAILED,
+    NO_SUCCESS,
     STALE,
     TRAINED,
     UNIFORM_OUTCOME,
@@ -168,7 +169,7 @@ def update(
         metrics |= past.selection.metrics()
     metrics |= staleness_metrics(partition_rows, version, too_old)
     tasks = drawn_task_outcomes(cfg, run_dir, iteration, partition_rows, too_old)
-    for outcome in (TRAINED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME, FAILED):
+    for outcome in (TRAINED, STALE, ZERO_VARIANCE, UNIFORM_OUTCOME, NO_SUCCESS, FAILED):
         metrics[f"async/tasks_{outcome}"] = float(sum(o == outcome for o in tasks.values()))
     crash_point("update", iteration)
     saving = time.perf_counter()

@@ -19,7 +19,14 @@ from agent_core.core.records import Step, Task
 from agent_core.core.results import RefillResult, RunHandle, ShardResult
 from agent_core.core.run_folder import refill_record, shard_files
 from agent_core.replay import steps_to_table
-from agent_core.replay.staleness import FAILED, STALE, TRAINED, UNIFORM_OUTCOME, ZERO_VARIANCE
+from agent_core.replay.staleness import (
+    FAILED,
+    NO_SUCCESS,
+    STALE,
+    TRAINED,
+    UNIFORM_OUTCOME,
+    ZERO_VARIANCE,
+)
 from agent_core.replay.store import write_ipc
 from agent_core.rollout.shard import shard_count, shard_tasks
 from agent_core.run import placement
@@ -110,6 +117,15 @@ def test_uniform_outcome_drops_groups_where_success_does_not_vary() -> None:
     assert verdicts == {"all_failed": UNIFORM_OUTCOME, "mixed": None, "all_won": UNIFORM_OUTCOME}
     # the reward filter alone keeps both: their rewards vary by the penalties
     assert group_verdicts(batch, tasks, (), ["zero_variance"], 0, 1e-6) == dict.fromkeys(tasks)
+    # no_success drops only the group where every episode failed; all-won stays
+    assert group_verdicts(batch, tasks, (), ["no_success"], 0, 1e-6) == {
+        "all_failed": NO_SUCCESS,
+        "mixed": None,
+        "all_won": None,
+    }
+    # with both listed, the all-failed group is reported by the first in REASONS' order
+    both = group_verdicts(batch, tasks, (), ["no_success", "uniform_outcome"], 0, 1e-6)
+    assert both["all_failed"] == UNIFORM_OUTCOME
 
 
 def _config(tmp_path: Path, *overrides: str) -> RunConfig:
