@@ -58,7 +58,7 @@ class TrackingSection(Section):
         "weight x |advantage|, loss_weight/no_success_group_share) comes from groups where no "
         "episode succeeded: the update then learns from reward differences among failures (an "
         "env's per-step penalties, shaping terms), not from success; refill.drop="
-        "[uniform_outcome] leaves such groups out. > 1 = never.",
+        "[no_success] (learn_general's) leaves such groups out. > 1 = never.",
     )
     warn_reward_falling: int = Field(
         3,

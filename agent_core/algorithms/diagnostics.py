@@ -137,7 +137,7 @@ def update_warnings(
         out.append(
             f"{no_success:.0%} of the update's gradient comes from groups where no episode "
             "succeeded: it learns from reward differences among failures (per-step penalties, "
-            "shaping), not from success; refill.drop=[uniform_outcome] leaves such groups out "
+            "shaping), not from success; refill.drop=[no_success] leaves such groups out "
             "and refills the batch from new tasks"
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))

@@ -179,7 +179,7 @@ def test_warnings_and_console_lines() -> None:
     assert no_success == [
         "90% of the update's gradient comes from groups where no episode succeeded: it learns "
         "from reward differences among failures (per-step penalties, shaping), not from "
-        "success; refill.drop=[uniform_outcome] leaves such groups out and refills the batch "
+        "success; refill.drop=[no_success] leaves such groups out and refills the batch "
         "from new tasks"
     ]
     in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8)
