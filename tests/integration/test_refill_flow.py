@@ -4,7 +4,8 @@ holds rollout.tasks_per_iteration groups, each with nonzero reward variance (or 
 the rounds ran out), refill rounds are staged shards of their own, and every task the iteration
 drew is accounted for exactly once in the update's record; with overlap (stale groups dropped
 too), refill rounds collected beside later iterations' collections keep every update free of
-stale rows."""
+stale rows; a filter that keeps no group at all (`no_success` on a policy that never succeeds)
+leaves the update empty and the run going."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from agent_core.core.registry import plugin
 from agent_core.core.results import RefillResult, UpdateResult
 from agent_core.core.run_folder import iteration_dir, refill_record, update_record
 from agent_core.replay import read_partition, table_to_steps
-from agent_core.replay.staleness import TRAINED, ZERO_VARIANCE
+from agent_core.replay.staleness import NO_SUCCESS, TRAINED, ZERO_VARIANCE
 from flows.train import train
 
 pytestmark = pytest.mark.slow
@@ -130,6 +131,25 @@ def test_refill_rounds_were_staged_shards_of_their_own(refilled) -> None:
         shards = sorted(rollouts.glob(f"refill_{refill_round:02d}_shard_*.json"))
         assert len(shards) == min(2, len(ids))
     assert not list(rollouts.glob("*.arrow"))  # staged steps go once the partition is committed
+
+
+def test_no_group_kept_updates_nothing_and_the_run_goes_on(
+    prefect_harness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """learn_general's filter on a policy that never succeeds (the tiny random model on the
+    calculator): every round drops every group as no_success, the update takes no optimizer
+    step, and the next iteration runs; every drawn task is accounted for as no_success."""
+    root = tmp_path_factory.mktemp("refill") / "none"
+    summary = _train(root, "refill.drop=[no_success]", "refill.max_rounds=1", "run.iterations=2")
+    assert summary.iterations_run == [1, 2]
+    for iteration in (1, 2):
+        record, updated = _accounting(Path(summary.run_dir), iteration)
+        assert record.kept == [] and not record.full and len(record.rounds) == 2
+        assert set(updated.tasks.values()) == {NO_SUCCESS}
+        assert updated.metrics["async/tasks_no_success"] == 2 * TASKS
+        assert updated.metrics["optimizer_steps"] == 0
+    assert summary.last_metrics["refill/dropped_no_success"] == 2 * TASKS
+    assert summary.last_metrics["refill/kept_groups"] == 0
 
 
 def test_refill_under_overlap_keeps_stale_rows_out(
