@@ -60,6 +60,14 @@ class TrackingSection(Section):
         "env's per-step penalties, shaping terms), not from success; refill.drop="
         "[no_success] (learn_general's) leaves such groups out. > 1 = never.",
     )
+    warn_approx_kl: float = Field(
+        0.05,
+        ge=0.0,
+        description="Warn (console line) when an update's actor/approx_kl exceeds this: the "
+        "update moved the policy far from the one that sampled its batch. On the corridor "
+        "maze one update at 0.118 (the others 0.002-0.063) broke the move format every "
+        "episode shared (docs/results.md); trainer.target_kl stops an update early. 0 = never.",
+    )
     warn_reward_falling: int = Field(
         3,
         ge=0,

@@ -114,11 +114,13 @@ def update_warnings(
     falling_limit: int,
     mode: str,
     no_success_limit: float,
+    kl_limit: float,
 ) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
     (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, at least
-    `no_success_limit` of the gradient's weight from groups where nothing succeeded, or the
-    sampled reward falling `falling_limit` (> 0) iterations in a row."""
+    `no_success_limit` of the gradient's weight from groups where nothing succeeded, the
+    sampled reward falling `falling_limit` (> 0) iterations in a row, or, once the update ran,
+    its `actor/approx_kl` above `kl_limit` (> 0)."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
     if abs(bias) > bias_limit:
@@ -139,6 +141,14 @@ def update_warnings(
             "succeeded: it learns from reward differences among failures (per-step penalties, "
             "shaping), not from success; refill.drop=[no_success] leaves such groups out "
             "and refills the batch from new tasks"
+        )
+    kl = metrics.get("actor/approx_kl", 0.0)
+    if kl_limit > 0 and kl > kl_limit:
+        out.append(
+            f"the update moved the policy far from the one that sampled its batch "
+            f"(actor/approx_kl {kl:.3f}, above {kl_limit}): one such update can break a reply "
+            "format every episode shares; trainer.target_kl (e.g. 0.02) stops an update's "
+            "optimizer steps once a mini-batch passes it"
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))
     if falling_limit > 0 and streak >= falling_limit:

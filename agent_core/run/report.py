@@ -234,6 +234,7 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
         t.warn_reward_falling,
         cfg.trainer.loss_agg_mode,
         t.warn_no_success_share,
+        t.warn_approx_kl,
     )
     return lines + [f"  warning: {w}" for w in warnings]
 

@@ -167,6 +167,7 @@ def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[
         t.warn_reward_falling,
         cfg.trainer.loss_agg_mode,
         t.warn_no_success_share,
+        t.warn_approx_kl,
     )
     for warning in warnings:
         log.warning("iteration %d: %s", iteration, warning)

@@ -165,16 +165,16 @@ def test_warnings_and_console_lines() -> None:
         "actor/reward_before_update": 0.5, "actor/reward_after_update_estimate": 0.42,
     }  # fmt: skip
     warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3, mode="token-mean",
-                               no_success_limit=0.8)  # fmt: skip
+                               no_success_limit=0.8, kl_limit=0.05)  # fmt: skip
     assert metrics["loss_weight/no_success_group_share"] == 0.0  # the one group has successes
     assert len(warnings) == 2
     assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
     assert "traj-mean-token-mean" in warnings[0]  # the fix, named where it is not in use
     assert "fell 3 iteration(s) in a row" in warnings[1]
     assert "the same held-out tasks" in warnings[1]  # a fall may be the new tasks' doing
-    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8) == []
+    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05) == []
     no_success = update_warnings(
-        metrics | {"loss_weight/no_success_group_share": 0.9}, 0.6, 0, "token-mean", 0.8
+        metrics | {"loss_weight/no_success_group_share": 0.9}, 0.6, 0, "token-mean", 0.8, 0.05
     )
     assert no_success == [
         "90% of the update's gradient comes from groups where no episode succeeded: it learns "
@@ -182,13 +182,39 @@ def test_warnings_and_console_lines() -> None:
         "success; refill.drop=[no_success] leaves such groups out and refills the batch "
         "from new tasks"
     ]
-    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8)
+    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8, 0.05)
     assert len(in_use) == 1 and "traj-mean-token-mean" not in in_use[0]
     lines = console_lines(cfg, 4, metrics)
     assert lines[0].startswith("iteration 4: reward/mean=0.500")
     assert "advantage=-0.250 (bias -0.50) failed-trajectory weight=0.75" in lines[1]
     assert "reward 0.500 -> ~0.420 (estimate)" in lines[1]
     assert [line.startswith("  warning: ") for line in lines[2:]] == [True, True]
+
+
+def test_a_far_update_is_named_with_its_approx_kl() -> None:
+    cfg = RunConfig()
+    metrics = _update_diagnostics(cfg, _steps()) | {
+        "reward/mean": 0.5, "success_rate": 0.5, "advantage/zero_variance_group_share": 0.0,
+        "actor/policy_loss": 0.1,
+    }  # fmt: skip
+    # before the update (scoring) there is no approx_kl: nothing to say
+    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05) == []
+    # the corridor's update that broke the move format, and one of its ordinary ones
+    far = metrics | {"actor/approx_kl": 0.118}
+    assert (
+        update_warnings(metrics | {"actor/approx_kl": 0.027}, 0.6, 0, "token-mean", 0.8, 0.05) == []
+    )
+    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.0) == []  # 0 = never
+    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05) == [
+        "the update moved the policy far from the one that sampled its batch (actor/approx_kl "
+        "0.118, above 0.05): one such update can break a reply format every episode shares; "
+        "trainer.target_kl (e.g. 0.02) stops an update's optimizer steps once a mini-batch "
+        "passes it"
+    ]
+    cfg.tracking.warn_advantage_bias = 0.6
+    assert [line for line in console_lines(cfg, 2, far) if "approx_kl 0.118" in line] == [
+        "  warning: " + update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05)[0]
+    ]
 
 
 def test_reward_after_update_groups_rows_by_trajectory() -> None:
