@@ -227,16 +227,21 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
             f"draw before it: success_rate={m['refill/drawn_success_rate']:.3f} "
             f"reward/mean={m['refill/drawn_reward_mean']:.3f}"
         )
+    return lines + [f"  warning: {w}" for w in iteration_warnings(cfg, m)]
+
+
+def iteration_warnings(cfg: RunConfig, metrics: dict[str, float]) -> list[str]:
+    """`update_warnings` at the run's `tracking.warn_*` limits and loss aggregation: at scoring
+    (logged) and after the update (the console lines, with the update's own metrics)."""
     t = cfg.tracking
-    warnings = update_warnings(
-        m,
+    return update_warnings(
+        metrics,
         t.warn_advantage_bias,
         t.warn_reward_falling,
         cfg.trainer.loss_agg_mode,
         t.warn_no_success_share,
         t.warn_approx_kl,
     )
-    return lines + [f"  warning: {w}" for w in warnings]
 
 
 def log_iteration(

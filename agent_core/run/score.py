@@ -19,7 +19,6 @@ from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
     falling_streak,
-    update_warnings,
 )
 from agent_core.algorithms.returns import StepArrays
 from agent_core.collect.iteration_tasks import iteration_tasks
@@ -36,6 +35,7 @@ from agent_core.rewards.judge_engines import judge_engines
 from agent_core.rewards.scoring import configured_terms, group_trajectories, score_steps
 from agent_core.run import trainers
 from agent_core.run.refill import fill_batch
+from agent_core.run.report import iteration_warnings
 from agent_core.run.update import skips_zero_advantage
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.trainer.batching import TrainRow
@@ -157,18 +157,11 @@ def _reward_falling(run_dir: Path, iteration: int, reward: float, limit: int) ->
 
 
 def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[str, float]:
-    """Log the iteration's warnings (`update_warnings`); returns the metrics they add."""
-    t = cfg.tracking
-    falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], t.warn_reward_falling)
+    """Log the iteration's warnings (`iteration_warnings`); returns the metrics they add."""
+    limit = cfg.tracking.warn_reward_falling
+    falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], limit)
     added = {"warning/reward_falling_iterations": float(falling)}
-    warnings = update_warnings(
-        metrics | added,
-        t.warn_advantage_bias,
-        t.warn_reward_falling,
-        cfg.trainer.loss_agg_mode,
-        t.warn_no_success_share,
-        t.warn_approx_kl,
-    )
+    warnings = iteration_warnings(cfg, metrics | added)
     for warning in warnings:
         log.warning("iteration %d: %s", iteration, warning)
     return added | {"warning/count": float(len(warnings))}

@@ -154,6 +154,10 @@ def differences(recorded: dict, now: dict) -> list[str]:
             )
             if apart:
                 moved.append(f"{part}: step-row column {name}")
+    if now["weights"].keys() != recorded["weights"].keys():
+        moved.append(
+            f"weight tensors: {sorted(now['weights'])}, recorded {sorted(recorded['weights'])}"
+        )
     for name, value in recorded["weights"].items():
         got = now["weights"].get(name)
         if got is None or max(abs(a - b) for a, b in zip(value, got, strict=True)) > WEIGHT_ATOL:

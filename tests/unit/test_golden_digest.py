@@ -58,7 +58,9 @@ def test_a_missing_row_or_iteration_is_named() -> None:
     short = copy.deepcopy(recorded)
     short["rows"]["iter_0001"]["response_logprobs"].pop()
     short["rows"]["iter_0002"] = {}
+    short["weights"]["head"] = [1.0, 0.0, 0.0]
     assert differences(recorded, short) == [
         "iterations: ['iter_0001', 'iter_0002'], recorded ['iter_0001']",
         "iter_0001: step-row column response_logprobs",
+        "weight tensors: ['head', 'w'], recorded ['w']",
     ]
