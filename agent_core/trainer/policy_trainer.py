@@ -578,8 +578,16 @@ class PolicyTrainer:
         )
 
     def load_state(self, checkpoint_dir: Path) -> bool:
-        """Restore optimizer + weights from a checkpoint's DeepSpeed state; False if it has none."""
-        return load_checkpoint_state(self.engine, self.cfg, self.world, checkpoint_dir)
+        """Restore optimizer + weights from a checkpoint's DeepSpeed state; False if it has none.
+        The optimizer's moments come from the checkpoint, its settings (learning rate, betas,
+        weight decay) from this run's config: the saved param groups would otherwise replace a
+        learning rate changed since the checkpoint was written."""
+        loaded = load_checkpoint_state(self.engine, self.cfg, self.world, checkpoint_dir)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate
+            group["betas"] = tuple(self.cfg.betas)
+            group["weight_decay"] = self.cfg.weight_decay
+        return loaded
 
 
 def native_bf16(device_type: str) -> bool:

@@ -37,3 +37,28 @@ def test_full_checkpoint_stores_weights_once_and_resumes_exactly(
     assert a.policy_loss == b.policy_loss
     mine, theirs = trainer.engine.module.state_dict(), resumed.engine.module.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), "optimizer state not restored"
+
+
+def test_a_resumed_trainer_takes_its_optimizer_settings_from_the_config(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The checkpoint gives the Adam moments; the learning rate, betas and weight decay come
+    from the config that resumes it (DeepSpeed's saved param groups used to replace them, so a
+    learning rate changed for a continued run was silently the old one)."""
+    saved_with = [f"model.path={tiny_model_dir}", "trainer.learning_rate=1e-2"]
+    trainer = trainers.build_trainer(load_config("smoke", saved_with), tiny_model_dir, None)
+    trainer.update(rows(), iteration=1)
+    folder = tmp_path / "ck"
+    trainer.save(folder, {"iteration": 1})
+    changed = [*saved_with[:1], "trainer.learning_rate=1e-9", "trainer.betas=[0.5,0.6]",
+               "trainer.weight_decay=0.25"]  # fmt: skip
+    resumed = trainers.build_trainer(load_config("smoke", changed), folder, None)
+    (group,) = resumed.engine.optimizer.param_groups
+    assert (group["lr"], tuple(group["betas"]), group["weight_decay"]) == (1e-9, (0.5, 0.6), 0.25)
+    moments = resumed.engine.optimizer.state_dict()["state"]
+    assert moments and all(s["step"] > 0 for s in moments.values()), "moments not restored"
+    before = {k: v.clone() for k, v in resumed.engine.module.state_dict().items()}
+    resumed.update(rows(), iteration=2)
+    after = resumed.engine.module.state_dict()
+    moved = max((after[k] - before[k]).abs().max().item() for k in before)
+    assert 0 < moved < 1e-6, f"a 1e-9 learning rate moved a weight by {moved}"
