@@ -121,7 +121,7 @@ class PlainLoop:
         """One epoch over `rows` like `PolicyTrainer.update`; returns seconds."""
         start, cfg = time.perf_counter(), self.cfg
         sequences, _ = build_sequences(rows, cfg.pack_trajectories)
-        for mini in self.trainer.minibatch_plan(sequences, iteration, 0):
+        for mini in self.trainer.minibatch_plan(sequences, rows, iteration, 0):
             micros = [[sequences[i] for i in mb] for mb in mini]
             tokens = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
             steps = sum(len(q.spans) for seqs in micros for q in seqs)
@@ -158,7 +158,7 @@ def micro_shapes(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[tuple[int
     sequence and its count, or a prefix tree's positions and 1."""
     sequences, _ = build_sequences(rows, trainer.cfg.pack_trajectories)
     shapes = []
-    for mini in trainer.minibatch_plan(sequences, 1, 0):
+    for mini in trainer.minibatch_plan(sequences, rows, 1, 0):
         for micro in mini:
             seqs = [sequences[i] for i in micro]
             if trainer._tree is not None:

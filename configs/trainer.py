@@ -57,6 +57,18 @@ class TrainerSection(Section):
         "A packed trajectory is not split: a mini-batch takes whole sequences until it holds "
         "at least this many rows. Must be a multiple of micro_batch_size.",
     )
+    mini_batches: int | None = Field(
+        None,
+        ge=1,
+        description="RL updates: optimizer steps per epoch whatever the number of step rows. "
+        "The epoch's rows are split into this many mini-batches of whole groups (every step of "
+        "a task's group of episodes in the same one, as verl's mini-batches of prompts hold "
+        "their responses), of about equal rows; mini_batch_size is then unused (the warm-up "
+        "keeps it). Row-sized mini-batches give an env whose episodes run 12 steps 2-3x the "
+        "optimizer steps per iteration of a 4-step env, from the same episodes, and the drift "
+        "grew faster than the step count (docs/results.md, the corridor's move format). "
+        "None: mini-batches of mini_batch_size rows.",
+    )
     micro_batch_tokens: int = Field(
         1024,
         ge=16,
@@ -299,6 +311,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "Batching": (
         "micro_batch_size",
         "mini_batch_size",
+        "mini_batches",
         "micro_batch_tokens",
         "pack_trajectories",
         "shared_prefix",

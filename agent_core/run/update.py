@@ -62,12 +62,12 @@ def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
     gradient and are left out when nothing else (value, KL, entropy) needs them."""
     skip_zero = skips_zero_advantage(cfg)
     names = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
-             "trajectory_id", "step_index"]  # fmt: skip
+             "trajectory_id", "step_index", "group_id"]  # fmt: skip
     cols = table.select(names).to_pydict()
     rows = []
-    for p, r, lp, adv, ret, value, traj, k in zip(*(cols[n] for n in names), strict=True):
+    for p, r, lp, adv, ret, value, traj, k, group in zip(*(cols[n] for n in names), strict=True):
         if r and not (skip_zero and adv == 0.0):
-            rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k))
+            rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k, group_id=group))
     return rows
 
 

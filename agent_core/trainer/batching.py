@@ -39,6 +39,9 @@ class TrainRow:
     # per response token: the off-policy correction's weight on its policy-gradient loss (with
     # old_logprobs then the proximal policy's); None = 1 each
     token_weights: list[float] | None = None
+    # the group (a task's episodes) the row's trajectory belongs to: trainer.mini_batches keeps
+    # a group in one mini-batch; "" = the trajectory is its own group
+    group_id: str = ""
 
 
 def with_trajectory_tokens(rows: list[TrainRow]) -> list[TrainRow]:
@@ -282,6 +285,38 @@ def tree_microbatches(
     return micros
 
 
+def _row_minibatches(order: list[int], counts: Sequence[int], size: int) -> list[list[int]]:
+    """Sequences in `order` cut into mini-batches of at least `size` step rows (the last may
+    hold fewer)."""
+    minis: list[list[int]] = []
+    held = size
+    for i in order:
+        if held >= size:
+            minis.append([])
+            held = 0
+        minis[-1].append(i)
+        held += counts[i]
+    return minis
+
+
+def _group_minibatches(
+    keys: Sequence[str], counts: Sequence[int], n: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """Sequences grouped by `keys`; the groups, in shuffled order, dealt into `n` mini-batches,
+    each to the one holding the fewest step rows so far (the first n one each)."""
+    members: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    names = list(members)
+    minis: list[list[int]] = [[] for _ in range(min(n, len(names)))]
+    held = [0] * len(minis)
+    for g in rng.permutation(len(names)).tolist():
+        lightest = held.index(min(held))
+        minis[lightest].extend(members[names[g]])
+        held[lightest] += sum(counts[i] for i in members[names[g]])
+    return minis
+
+
 def plan_minibatches(
     sequences: list[list[int]],
     mini_batch_size: int,
@@ -289,6 +324,8 @@ def plan_minibatches(
     seed: int,
     tree_tokens: int | None = None,
     step_rows: Sequence[int] | None = None,
+    groups: Sequence[str] | None = None,
+    mini_batches: int | None = None,
 ) -> list[list[list[int]]]:
     """Shuffle sequence indices into mini-batches of `mini_batch_size` step rows, then split
     each into micro-batches: of sequences of similar length (less padding), or with
@@ -297,17 +334,17 @@ def plan_minibatches(
     trajectory holds all its steps): a mini-batch takes whole sequences in shuffled order
     until it holds at least `mini_batch_size` rows, so packing changes the optimizer steps
     per epoch only by the rows of the last trajectory a mini-batch takes, not by the
-    trajectories' length. Returns [mini][micro] -> sequence indices."""
-    order = np.random.default_rng(seed).permutation(len(sequences)).tolist()
+    trajectories' length. With `mini_batches` (and `groups[i]`, sequence i's group), there
+    are that many mini-batches (fewer only when there are fewer groups) of whole groups
+    (`_group_minibatches`).
+    Returns [mini][micro] -> sequence indices."""
+    rng = np.random.default_rng(seed)
     counts = step_rows if step_rows is not None else [1] * len(sequences)
-    minis: list[list[int]] = []
-    held = mini_batch_size
-    for i in order:
-        if held >= mini_batch_size:
-            minis.append([])
-            held = 0
-        minis[-1].append(i)
-        held += counts[i]
+    if mini_batches is None:
+        minis = _row_minibatches(rng.permutation(len(sequences)).tolist(), counts, mini_batch_size)
+    else:
+        keys = groups if groups is not None else [str(i) for i in range(len(sequences))]
+        minis = _group_minibatches(keys, counts, mini_batches, rng)
     plan = []
     for mini in minis:
         if tree_tokens is not None:

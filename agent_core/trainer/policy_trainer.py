@@ -279,11 +279,11 @@ class PolicyTrainer:
         metrics.sequences, metrics.packed_trajectories = len(sequences), packed
         sums: dict[str, float] = {}
         micro_count = 0
-        per_epoch = -(-len(rows) // self.cfg.mini_batch_size)
-        progress.start("update", per_epoch * epochs)
+        first_plan = self.minibatch_plan(sequences, rows, iteration, 0)
+        progress.start("update", len(first_plan) * epochs)
         trajectories = trajectory_mass(rows, range(len(rows)))
         for epoch in range(epochs):
-            plan = self.minibatch_plan(sequences, iteration, epoch)
+            plan = self.minibatch_plan(sequences, rows, iteration, epoch) if epoch else first_plan
             # traj-mean-token-mean: every mini-batch divides by the update's trajectories per
             # mini-batch, not by its own; a mini-batch of step rows holds fewer long
             # trajectories than short ones, and dividing by its own count would weigh each
@@ -359,15 +359,20 @@ class PolicyTrainer:
         return done
 
     def minibatch_plan(
-        self, sequences: list[TrainSequence], iteration: int, epoch: int
+        self, sequences: list[TrainSequence], rows: list[TrainRow], iteration: int, epoch: int
     ) -> list[list[list[int]]]:
         """The [mini][micro] -> sequence indices this update runs in `epoch` of `iteration`:
         mini-batches of trainer.mini_batch_size step rows (a packed sequence holds all its
-        trajectory's rows), seeded by the run's seed, the iteration and the epoch."""
+        trajectory's rows) or, in an RL update with trainer.mini_batches, that many
+        mini-batches of whole groups; seeded by the run's seed, the iteration and the epoch."""
+        by_groups = self.cfg.mini_batches is not None and not self._sft
+        first = [rows[s.spans[0][0]] for s in sequences]
         return plan_minibatches(
             [s.input_ids for s in sequences], self.cfg.mini_batch_size,
             self.cfg.micro_batch_size, self.seed + 1000 * iteration + epoch, self._tree,
             [len(s.spans) for s in sequences],
+            groups=[r.group_id or r.trajectory_id for r in first],
+            mini_batches=self.cfg.mini_batches if by_groups else None,
         )  # fmt: skip
 
     def _passed_target_kl(self, metrics: UpdateMetrics, kl_sum: float, done: int) -> bool:

@@ -120,6 +120,65 @@ def test_mini_batches_count_step_rows_not_packed_sequences(tiny_model_dir: Path)
     assert steps == {True: (3, 8), False: (3, 48)}
 
 
+def _grouped_rows(window: bool) -> list[TrainRow]:
+    """4 groups of 4 trajectories, 12-step failures and 3-step successes: group g has g + 1
+    successes, 39, 30, 21 and 12 rows (102). `window`: each step's prompt is its own (no packing)."""
+    rng = random.Random(9)
+    rows = []
+    for g in range(4):
+        for m in range(4):
+            won = m <= g
+            steps = _trajectory(rng, 3 if won else 12)
+            for k, (p, r) in enumerate(steps):
+                prompt = p[-20:] if window else p
+                rows.append(TrainRow(prompt, r, [0.0] * len(r), 1.0 if won else -0.5,
+                                     trajectory_id=f"{g}:{m}", step_index=k, group_id=f"g{g}"))  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_mini_batches_hold_whole_groups_whatever_the_rows(window: bool) -> None:
+    """trainer.mini_batches=2: two mini-batches of whole groups, packed trajectories or one
+    sequence per step, every sequence once; rows about equal (no group is cut)."""
+    rows = _grouped_rows(window)
+    sequences, packed = build_sequences(rows, pack=True)
+    assert packed == (0 if window else 16)
+    groups = [rows[s.spans[0][0]].group_id for s in sequences]
+    plan = plan_minibatches(
+        [s.input_ids for s in sequences], 16, 4, seed=1,
+        step_rows=[len(s.spans) for s in sequences], groups=groups, mini_batches=2,
+    )  # fmt: skip
+    held = [sorted({groups[i] for micro in mini for i in micro}) for mini in plan]
+    assert len(plan) == 2 and sorted(g for h in held for g in h) == ["g0", "g1", "g2", "g3"]
+    assert sorted(i for mini in plan for micro in mini for i in micro) == list(
+        range(len(sequences))
+    )
+    sizes = sorted(sum(len(sequences[i].spans) for micro in mini for i in micro) for mini in plan)
+    assert sizes == [51, 51]  # each group to the lighter mini-batch: 39 + 12 and 30 + 21 here
+    # more mini-batches than groups: one group each
+    plan = plan_minibatches(
+        [s.input_ids for s in sequences], 16, 4, seed=1,
+        step_rows=[len(s.spans) for s in sequences], groups=groups, mini_batches=9,
+    )  # fmt: skip
+    assert len(plan) == 4
+
+
+def test_the_update_takes_mini_batches_steps_and_the_warmup_keeps_row_batches(
+    tiny_model_dir: Path,
+) -> None:
+    """102 step rows in packed trajectories: 5 optimizer steps of at least 16 rows without
+    trainer.mini_batches, 2 with mini_batches=2; the supervised warm-up on the same rows keeps
+    its mini-batches of 16 rows (6 steps, in its own shuffle) either way."""
+    rows = _grouped_rows(window=False)
+    steps = {}
+    for mini_batches in (None, 2):
+        cfg = TrainerSection(micro_batch_size=4, mini_batch_size=16, mini_batches=mini_batches)
+        trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
+        rl = trainer.update(rows, 1).optimizer_steps
+        steps[mini_batches] = (rl, trainer.sft_update(rows, 1, 1e-5).optimizer_steps)
+    assert steps == {None: (5, 6), 2: (2, 6)}
+
+
 def _at_own_logprobs(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[TrainRow]:
     """`rows` with old log-probs the trainer's model's own: every ratio starts at 1."""
     own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
