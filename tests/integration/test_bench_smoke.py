@@ -18,6 +18,7 @@ EXPECTED = {
     "packing": ["tok packed", "time ratio"],
     "replay": ["steprl write total", "scan_steps(run).collect()", "bytes per step on disk"],
     "update": ["DeepSpeed PolicyTrainer overhead vs plain torch:", "trained tokens/s"],
+    "update_drift": ["the run's own settings", "trainer.mini_batches=2", "1-p grew"],
     "rollout": ["== steprl engine", "== roofline", "== ablations", "sampling 4 x 512"],
     "memory": ["highest peak:", "update ", "log "],
     "overhead": ["outside phase bodies:", "the log body:"],
@@ -36,7 +37,7 @@ EXPECTED = {
     ],
 }
 # engines, trainers, flows
-HEAVY = {"update", "rollout", "memory", "overhead", "vs_trl", "scale", "serve", "async"}
+HEAVY = {"update", "update_drift", "rollout", "memory", "overhead", "vs_trl", "scale", "serve", "async"}
 
 
 def test_every_bench_has_a_smoke_test() -> None:

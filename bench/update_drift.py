@@ -1,0 +1,153 @@
+"""How far one committed update moves the policy, replayed under other trainer settings: the
+update of iteration N of a finished run, from the checkpoint that sampled its rows (its optimizer
+state included), once with the run's own settings (the baseline) and once per variant. Each
+replay prints its optimizer steps, actor/approx_kl and how the probability of the first two
+sampled tokens of every row's reply moved: the tokens a reply format starts with ("Move:",
+"<tool_call>"), which one update can take from ~1 to well below (docs/results.md, the corridor).
+Run: .venv/bin/python bench/update_drift.py --run runs/NAME --iteration 2 \
+         --variant trainer.mini_batches=4 --variant trainer.learning_rate=5e-6
+(a few minutes per replay on 2 cores for a 231-row corridor update); --smoke: a tiny random
+model and a built run of 24 rows (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from offline import SMOKE_HELP, smoke_model
+
+BASELINE = "the run's own settings"
+PROBES = 120  # rows whose reply start is measured (every k-th row of the iteration)
+
+
+def smoke_run(root: Path) -> Path:
+    """A run folder of one iteration: the tiny model as its warm-up checkpoint, the smoke
+    preset as its config, 24 step rows of 4 groups with centred advantages."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    run = root / "drift-smoke"
+    model = smoke_model()
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    warmup = run / "checkpoints" / "warmup"
+    if not warmup.exists():
+        warmup.symlink_to(model, target_is_directory=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(model)}}))
+    rng = random.Random(0)
+    rows: dict[str, list] = {k: [] for k in COLUMNS}
+    for g in range(4):
+        for m in range(3):
+            prompt = [rng.randrange(256) for _ in range(10)]
+            for k in range(2):
+                response = [rng.randrange(256) for _ in range(3)]
+                values = (prompt, response, [-5.5] * 3, (m - 1) * 0.5, 0.0, None, f"1:{g}:{m}",
+                          k, f"1:{g}")  # fmt: skip
+                for name, value in zip(COLUMNS, values, strict=True):
+                    rows[name].append(value)
+                prompt = prompt + response + [rng.randrange(256) for _ in range(2)]
+    (run / "iter_0001").mkdir(exist_ok=True)
+    pq.write_table(pa.table(rows), run / "iter_0001" / "steps.parquet")
+    return run
+
+
+COLUMNS = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
+           "trajectory_id", "step_index", "group_id"]  # fmt: skip
+
+
+def sampled_by(run: Path, iteration: int, cfg) -> Path:
+    """The checkpoint that sampled iteration `iteration`'s rows."""
+    if iteration > 1:
+        return run / "checkpoints" / f"iter_{iteration - 1:04d}"
+    warmup = run / "checkpoints" / "warmup"
+    return warmup if warmup.is_dir() else Path(cfg.model.path)
+
+
+def reply_start(trainer, probes: list[tuple[list[int], list[int]]]) -> np.ndarray:
+    """Per probe (prompt, reply): the policy's probability of the reply's first two tokens."""
+    import torch
+
+    lm = trainer.engine.module.lm
+    lm.eval()
+    out = []
+    with torch.no_grad():
+        for prompt, reply in probes:
+            ids = torch.tensor([prompt + reply[:2]])
+            logp = torch.log_softmax(lm(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+            out.append(math.exp(sum(logp[i, t].item() for i, t in enumerate(reply[:2]))))
+    lm.train()
+    return np.array(out)
+
+
+def replay(run: Path, iteration: int, overrides: list[str]) -> dict[str, float]:
+    """One replay of the update with `overrides` on the run's config."""
+    import pyarrow.parquet as pq
+
+    from agent_core.config.load import load_config
+    from agent_core.run.trainers import build_trainer
+    from agent_core.run.update import train_rows
+
+    cfg = load_config(run / "config.yaml", overrides)
+    table = pq.read_table(run / f"iter_{iteration:04d}" / "steps.parquet")
+    rows = train_rows(table, cfg)
+    every = max(1, len(rows) // PROBES)
+    probes = [(r.prompt_ids, r.response_ids) for r in rows[::every] if len(r.response_ids) >= 2]
+    trainer = build_trainer(cfg, sampled_by(run, iteration, cfg), None)
+    before = reply_start(trainer, probes)
+    metrics = trainer.update(rows, iteration)
+    after = reply_start(trainer, probes)
+    return {
+        "rows": len(rows),
+        "steps": metrics.optimizer_steps,
+        "approx_kl": metrics.approx_kl,
+        "before": before.mean(),
+        "after": after.mean(),
+        "after_min": after.min(),
+        "seconds": metrics.seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, help="a finished run's folder")
+    parser.add_argument("--iteration", type=int, default=1)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="key=value on the run's config, a replay each",
+    )
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DO_NOT_TRACK="1")
+    if args.smoke:
+        args.run = smoke_run(Path(tempfile.gettempdir()))
+        args.iteration, args.variant = 1, ["trainer.mini_batches=2"]
+    if args.run is None:
+        parser.error("--run is required (or --smoke)")
+    results = {BASELINE: replay(args.run, args.iteration, [])}
+    for variant in args.variant:
+        results[variant] = replay(args.run, args.iteration, [variant])
+    rows = results[BASELINE]["rows"]
+    print(f"update of iteration {args.iteration} of {args.run.name}, {rows} rows; p(start) = "
+          "probability of each probed reply's first two tokens, 1-p grew = (1 - p after) / "
+          "(1 - p before)")  # fmt: skip
+    print(f"{'settings':<40} {'steps':>5} {'approx_kl':>9} {'p(start) before':>15} "
+          f"{'after':>7} {'min':>7} {'1-p grew':>9} {'vs baseline':>11}")  # fmt: skip
+    grew = {name: (1 - r["after"]) / max(1 - r["before"], 1e-12) for name, r in results.items()}
+    for name, r in results.items():
+        print(f"{name:<40} {r['steps']:>5} {r['approx_kl']:>9.4f} {r['before']:>15.4f} "
+              f"{r['after']:>7.4f} {r['after_min']:>7.4f} {grew[name]:>8.1f}x "
+              f"{grew[name] / grew[BASELINE]:>11.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
