@@ -60,13 +60,15 @@ class TrainerSection(Section):
     mini_batches: int | None = Field(
         None,
         ge=1,
-        description="RL updates: optimizer steps per epoch whatever the number of step rows. "
-        "The epoch's rows are split into this many mini-batches of whole groups (every step of "
-        "a task's group of episodes in the same one, as verl's mini-batches of prompts hold "
-        "their responses), of about equal rows; mini_batch_size is then unused (the warm-up "
-        "keeps it). Row-sized mini-batches give an env whose episodes run 12 steps 2-3x the "
-        "optimizer steps per iteration of a 4-step env, from the same episodes, and the drift "
-        "grew faster than the step count (docs/results.md, the corridor's move format). "
+        description="RL updates: the most optimizer steps per epoch, whatever the number of "
+        "step rows. The epoch's rows are split into this many mini-batches of whole groups "
+        "(every step of a task's group of episodes in the same one, as verl's mini-batches of "
+        "prompts hold their responses), of about equal rows; fewer when mini-batches of "
+        "mini_batch_size rows would be fewer (32 one-step episodes at 16 stay 2 steps). The "
+        "warm-up keeps mini-batches of mini_batch_size rows. Row-sized mini-batches give an "
+        "env whose episodes run 12 steps 2-3x the optimizer steps per iteration of a 4-step "
+        "env, from the same episodes, and the drift grew faster than the step count "
+        "(docs/results.md, the corridor's move format). "
         "None: mini-batches of mini_batch_size rows.",
     )
     micro_batch_tokens: int = Field(

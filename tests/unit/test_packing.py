@@ -168,7 +168,8 @@ def test_the_update_takes_mini_batches_steps_and_the_warmup_keeps_row_batches(
 ) -> None:
     """102 step rows in packed trajectories: 5 optimizer steps of at least 16 rows without
     trainer.mini_batches, 2 with mini_batches=2; the supervised warm-up on the same rows keeps
-    its mini-batches of 16 rows (6 steps, in its own shuffle) either way."""
+    its mini-batches of 16 rows (6 steps, in its own shuffle) either way. With fewer rows than
+    the mini-batches would need, fewer steps."""
     rows = _grouped_rows(window=False)
     steps = {}
     for mini_batches in (None, 2):
@@ -177,6 +178,10 @@ def test_the_update_takes_mini_batches_steps_and_the_warmup_keeps_row_batches(
         rl = trainer.update(rows, 1).optimizer_steps
         steps[mini_batches] = (rl, trainer.sft_update(rows, 1, 1e-5).optimizer_steps)
     assert steps == {None: (5, 6), 2: (2, 6)}
+    # never more steps than 16-row mini-batches would take: 8 one-step episodes are 1 step
+    few = [replace(r, step_index=0) for r in rows if r.step_index == 0][:8]
+    cfg = TrainerSection(micro_batch_size=4, mini_batch_size=16, mini_batches=4)
+    assert PolicyTrainer(tiny_model_dir, cfg, 1.0, seed=0).update(few, 1).optimizer_steps == 1
 
 
 def _at_own_logprobs(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[TrainRow]:
