@@ -37,7 +37,17 @@ EXPECTED = {
     ],
 }
 # engines, trainers, flows
-HEAVY = {"update", "update_drift", "rollout", "memory", "overhead", "vs_trl", "scale", "serve", "async"}
+HEAVY = {
+    "update",
+    "update_drift",
+    "rollout",
+    "memory",
+    "overhead",
+    "vs_trl",
+    "scale",
+    "serve",
+    "async",
+}
 
 
 def test_every_bench_has_a_smoke_test() -> None:
