@@ -6,7 +6,7 @@ sampled tokens of every row's reply moved: the tokens a reply format starts with
 "<tool_call>"), which one update can take from ~1 to well below (docs/results.md, the corridor).
 Run: .venv/bin/python bench/update_drift.py --run runs/NAME --iteration 2 \
          --variant trainer.mini_batches=4 --variant trainer.learning_rate=5e-6
-(a few minutes per replay on 2 cores for a 231-row corridor update); --smoke: a tiny random
+(3-8 min per replay of a 231-row corridor update on 2 cores); --smoke: a tiny random
 model and a built run of 24 rows (seconds).
 """
 
