@@ -7,7 +7,7 @@ sampled tokens of every row's reply moved: the tokens a reply format starts with
 Run: .venv/bin/python bench/update_drift.py --run runs/NAME --iteration 2 \
          --variant trainer.mini_batches=4 --variant trainer.learning_rate=5e-6
 (3-8 min per replay of a 231-row corridor update on 2 cores); --smoke: a tiny random
-model and a built run of 24 rows (seconds).
+model and a committed run of 24 rows (seconds).
 """
 
 from __future__ import annotations
@@ -28,46 +28,45 @@ PROBES = 120  # rows whose reply start is measured (every k-th row of the iterat
 
 
 def smoke_run(root: Path) -> Path:
-    """A run folder of one iteration: the tiny model as its warm-up checkpoint, the smoke
-    preset as its config, 24 step rows of 4 groups with centred advantages."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """A run folder of one committed iteration: the tiny model as its warm-up checkpoint, the
+    smoke preset as its config, 4 groups of 3 two-step trajectories with centred advantages."""
     import yaml
+
+    from agent_core.core.records import Step
+    from agent_core.core.run_folder import CONFIG, warmup_dir
+    from agent_core.replay.schema import steps_to_table
+    from agent_core.replay.store import commit_partition
 
     run = root / "drift-smoke"
     model = smoke_model()
-    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
-    warmup = run / "checkpoints" / "warmup"
+    warmup = warmup_dir(run)
+    warmup.parent.mkdir(parents=True, exist_ok=True)
     if not warmup.exists():
         warmup.symlink_to(model, target_is_directory=True)
-    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(model)}}))
+    (run / CONFIG).write_text(yaml.safe_dump({"model": {"path": str(model)}}))
     rng = random.Random(0)
-    rows: dict[str, list] = {k: [] for k in COLUMNS}
+    steps = []
     for g in range(4):
         for m in range(3):
             prompt = [rng.randrange(256) for _ in range(10)]
             for k in range(2):
                 response = [rng.randrange(256) for _ in range(3)]
-                values = (prompt, response, [-5.5] * 3, (m - 1) * 0.5, 0.0, None, f"1:{g}:{m}",
-                          k, f"1:{g}")  # fmt: skip
-                for name, value in zip(COLUMNS, values, strict=True):
-                    rows[name].append(value)
+                steps.append(Step("smoke", 1, 0, f"1:{g}", f"1:{g}:{m}", k, f"task-{g}", "smoke",
+                                  prompt, response, [-5.5] * 3, "", "", 0.0, done=k == 1,
+                                  truncated=False, advantage=(m - 1) * 0.5))  # fmt: skip
                 prompt = prompt + response + [rng.randrange(256) for _ in range(2)]
-    (run / "iter_0001").mkdir(exist_ok=True)
-    pq.write_table(pa.table(rows), run / "iter_0001" / "steps.parquet")
+    commit_partition(run, 1, steps_to_table(steps), group_size=3)
     return run
 
 
-COLUMNS = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
-           "trajectory_id", "step_index", "group_id"]  # fmt: skip
-
-
 def sampled_by(run: Path, iteration: int, cfg) -> Path:
-    """The checkpoint that sampled iteration `iteration`'s rows."""
+    """The checkpoint that sampled iteration `iteration`'s rows: the one before it, or for the
+    first iteration the warm-up checkpoint or else the base model."""
+    from agent_core.core.run_folder import checkpoint_dir, warmup_dir
+
     if iteration > 1:
-        return run / "checkpoints" / f"iter_{iteration - 1:04d}"
-    warmup = run / "checkpoints" / "warmup"
-    return warmup if warmup.is_dir() else Path(cfg.model.path)
+        return checkpoint_dir(run, iteration - 1)
+    return warmup_dir(run) if warmup_dir(run).is_dir() else Path(cfg.model.path)
 
 
 def reply_start(trainer, probes: list[tuple[list[int], list[int]]]) -> np.ndarray:
@@ -88,15 +87,14 @@ def reply_start(trainer, probes: list[tuple[list[int], list[int]]]) -> np.ndarra
 
 def replay(run: Path, iteration: int, overrides: list[str]) -> dict[str, float]:
     """One replay of the update with `overrides` on the run's config."""
-    import pyarrow.parquet as pq
-
     from agent_core.config.load import load_config
+    from agent_core.core.run_folder import CONFIG
+    from agent_core.replay.store import read_partition
     from agent_core.run.trainers import build_trainer
     from agent_core.run.update import train_rows
 
-    cfg = load_config(run / "config.yaml", overrides)
-    table = pq.read_table(run / f"iter_{iteration:04d}" / "steps.parquet")
-    rows = train_rows(table, cfg)
+    cfg = load_config(run / CONFIG, overrides)
+    rows = train_rows(read_partition(run, iteration), cfg)
     every = max(1, len(rows) // PROBES)
     probes = [(r.prompt_ids, r.response_ids) for r in rows[::every] if len(r.response_ids) >= 2]
     trainer = build_trainer(cfg, sampled_by(run, iteration, cfg), None)
@@ -110,7 +108,6 @@ def replay(run: Path, iteration: int, overrides: list[str]) -> dict[str, float]:
         "before": before.mean(),
         "after": after.mean(),
         "after_min": after.min(),
-        "seconds": metrics.seconds,
     }
 
 
@@ -130,7 +127,7 @@ def main() -> None:
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DO_NOT_TRACK="1")
     if args.smoke:
         args.run = smoke_run(Path(tempfile.gettempdir()))
-        args.iteration, args.variant = 1, ["trainer.mini_batches=2"]
+        args.iteration, args.variant = 1, ["trainer.mini_batch_size=8"]
     if args.run is None:
         parser.error("--run is required (or --smoke)")
     results = {BASELINE: replay(args.run, args.iteration, [])}
