@@ -335,8 +335,8 @@ def plan_minibatches(
     until it holds at least `mini_batch_size` rows, so packing changes the optimizer steps
     per epoch only by the rows of the last trajectory a mini-batch takes, not by the
     trajectories' length. With `mini_batches` (and `groups[i]`, sequence i's group), there
-    are that many mini-batches (fewer only when there are fewer groups) of whole groups
-    (`_group_minibatches`).
+    are that many mini-batches of whole groups (`_group_minibatches`), fewer when there are
+    fewer groups or when mini-batches of `mini_batch_size` rows would be fewer.
     Returns [mini][micro] -> sequence indices."""
     rng = np.random.default_rng(seed)
     counts = step_rows if step_rows is not None else [1] * len(sequences)
@@ -344,7 +344,8 @@ def plan_minibatches(
         minis = _row_minibatches(rng.permutation(len(sequences)).tolist(), counts, mini_batch_size)
     else:
         keys = groups if groups is not None else [str(i) for i in range(len(sequences))]
-        minis = _group_minibatches(keys, counts, mini_batches, rng)
+        count = min(mini_batches, -(-sum(counts) // mini_batch_size))
+        minis = _group_minibatches(keys, counts, count, rng)
     plan = []
     for mini in minis:
         if tree_tokens is not None:

@@ -366,17 +366,14 @@ class PolicyTrainer:
         trajectory's rows) or, in an RL update with trainer.mini_batches, that many
         mini-batches of whole groups (fewer when mini-batches of mini_batch_size rows would be
         fewer); seeded by the run's seed, the iteration and the epoch."""
-        steps = [len(s.spans) for s in sequences]
-        count = None  # mini-batches of mini_batch_size rows
-        if self.cfg.mini_batches is not None and not self._sft:
-            # never more steps than mini-batches of mini_batch_size rows would take
-            count = min(self.cfg.mini_batches, -(-sum(steps) // self.cfg.mini_batch_size))
+        by_groups = self.cfg.mini_batches is not None and not self._sft
         first = [rows[s.spans[0][0]] for s in sequences]
         return plan_minibatches(
             [s.input_ids for s in sequences], self.cfg.mini_batch_size,
             self.cfg.micro_batch_size, self.seed + 1000 * iteration + epoch, self._tree,
-            steps, groups=[r.group_id or r.trajectory_id for r in first],
-            mini_batches=count,
+            [len(s.spans) for s in sequences],
+            groups=[r.group_id or r.trajectory_id for r in first],
+            mini_batches=self.cfg.mini_batches if by_groups else None,
         )  # fmt: skip
 
     def _passed_target_kl(self, metrics: UpdateMetrics, kl_sum: float, done: int) -> bool:
