@@ -1,11 +1,14 @@
-"""How far one committed update moves the policy, replayed under other trainer settings: the
-update of iteration N of a finished run, from the checkpoint that sampled its rows (its optimizer
-state included), once with the run's own settings (the baseline) and once per variant. Each
-replay prints its optimizer steps, actor/approx_kl and how the probability of the first two
-sampled tokens of every row's reply moved: the tokens a reply format starts with ("Move:",
-"<tool_call>"), which one update can take from ~1 to well below (docs/results.md, the corridor).
+"""How far one committed update moves the policy, and how long it takes, replayed under other
+trainer settings: the update of iteration N of a finished run, from the checkpoint that sampled
+its rows (its optimizer state included), once with the run's own settings (the baseline) and once
+per variant. Each replay prints its optimizer steps, actor/approx_kl, how the probability of the
+first two sampled tokens of every row's reply moved (the tokens a reply format starts with:
+"Move:", "<tool_call>", which one update can take from ~1 to well below; docs/results.md, the
+corridor), and the update's wall seconds and processed tree positions against the baseline's.
 Run: .venv/bin/python bench/update_drift.py --run runs/NAME --iteration 2 \
          --variant trainer.mini_batches=4 --variant trainer.learning_rate=5e-6
+--set key=value applies to every replay, the baseline included (a run made under an older
+preset, replayed under today's).
 (3-8 min per replay of a 231-row corridor update on 2 cores); --smoke: a tiny random
 model and a committed run of 24 rows (seconds).
 """
@@ -18,6 +21,7 @@ import os
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,10 +103,14 @@ def replay(run: Path, iteration: int, overrides: list[str]) -> dict[str, float]:
     probes = [(r.prompt_ids, r.response_ids) for r in rows[::every] if len(r.response_ids) >= 2]
     trainer = build_trainer(cfg, sampled_by(run, iteration, cfg), None)
     before = reply_start(trainer, probes)
+    start = time.perf_counter()
     metrics = trainer.update(rows, iteration)
+    seconds = time.perf_counter() - start
     after = reply_start(trainer, probes)
     return {
         "rows": len(rows),
+        "seconds": seconds,
+        "positions": metrics.padded_tokens,
         "steps": metrics.optimizer_steps,
         "approx_kl": metrics.approx_kl,
         "before": before.mean(),
@@ -121,6 +129,13 @@ def main() -> None:
         default=[],
         help="key=value on the run's config, a replay each",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="common",
+        help="key=value on the run's config for every replay, the baseline's included",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -130,20 +145,25 @@ def main() -> None:
         args.iteration, args.variant = 1, ["trainer.mini_batch_size=8"]
     if args.run is None:
         parser.error("--run is required (or --smoke)")
-    results = {BASELINE: replay(args.run, args.iteration, [])}
+    results = {BASELINE: replay(args.run, args.iteration, args.common)}
     for variant in args.variant:
-        results[variant] = replay(args.run, args.iteration, [variant])
+        results[variant] = replay(args.run, args.iteration, [*args.common, variant])
     rows = results[BASELINE]["rows"]
-    print(f"update of iteration {args.iteration} of {args.run.name}, {rows} rows; p(start) = "
-          "probability of each probed reply's first two tokens, 1-p grew = (1 - p after) / "
-          "(1 - p before)")  # fmt: skip
+    common = f" (every replay: {' '.join(args.common)})" if args.common else ""
+    print(f"update of iteration {args.iteration} of {args.run.name}, {rows} rows{common}; "
+          "p(start) = probability of each probed reply's first two tokens, 1-p grew = "
+          "(1 - p after) / (1 - p before); positions = tokens the forward passes processed "
+          "(prefix-tree positions or padded tokens)")  # fmt: skip
     print(f"{'settings':<40} {'steps':>5} {'approx_kl':>9} {'p(start) before':>15} "
-          f"{'after':>7} {'min':>7} {'1-p grew':>9} {'vs baseline':>11}")  # fmt: skip
+          f"{'after':>7} {'min':>7} {'1-p grew':>9} {'vs baseline':>11} {'seconds':>8} "
+          f"{'x time':>7} {'positions':>9}")  # fmt: skip
     grew = {name: (1 - r["after"]) / max(1 - r["before"], 1e-12) for name, r in results.items()}
+    base_seconds = results[BASELINE]["seconds"]
     for name, r in results.items():
         print(f"{name:<40} {r['steps']:>5} {r['approx_kl']:>9.4f} {r['before']:>15.4f} "
               f"{r['after']:>7.4f} {r['after_min']:>7.4f} {grew[name]:>8.1f}x "
-              f"{grew[name] / grew[BASELINE]:>11.3f}")  # fmt: skip
+              f"{grew[name] / grew[BASELINE]:>11.3f} {r['seconds']:>8.1f} "
+              f"{r['seconds'] / base_seconds:>7.2f} {r['positions']:>9.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":

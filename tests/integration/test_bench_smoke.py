@@ -18,7 +18,7 @@ EXPECTED = {
     "packing": ["tok packed", "time ratio"],
     "replay": ["steprl write total", "scan_steps(run).collect()", "bytes per step on disk"],
     "update": ["DeepSpeed PolicyTrainer overhead vs plain torch:", "trained tokens/s"],
-    "update_drift": ["the run's own settings", "trainer.mini_batch_size=8", "1-p grew"],
+    "update_drift": ["the run's own settings", "trainer.mini_batch_size=8", "1-p grew", "x time"],
     "rollout": ["== steprl engine", "== roofline", "== ablations", "sampling 4 x 512"],
     "memory": ["highest peak:", "update ", "log "],
     "overhead": ["outside phase bodies:", "the log body:"],
