@@ -27,6 +27,15 @@ class WarmupSection(Section):
     tasks: int = Field(64, ge=1, description="Solver demonstration episodes (training seeds).")
     epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
     learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the warm-up.")
+    keep_optimizer_state: bool = Field(
+        False,
+        description="Whether RL goes on with the warm-up's AdamW moments. False (the default, "
+        "as RL after a separate SFT job in verl or TRL): the warm-up checkpoint holds weights "
+        "only and RL starts with fresh moments. Carried, the supervised loss's momentum and its "
+        "much larger second moments steered RL's first updates: on the choice env they kept "
+        "sampled success from rising (0.589 -> 0.510 on the same 384 episodes, fresh: "
+        "-> 0.997; docs/results.md, The warm-up's optimizer state).",
+    )
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> WarmupSection:

@@ -173,6 +173,15 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
     return rows, good.height, good.height / max(1, frame.height)
 
 
+def _warmup_config(cfg: RunConfig) -> RunConfig:
+    """`cfg` for the warm-up's trainer: its checkpoint keeps the DeepSpeed (optimizer) state
+    only with `warmup.keep_optimizer_state`, so RL's first trainer, built from the checkpoint,
+    starts with fresh AdamW moments by default (and so does a rerun that resumes from it)."""
+    keep = cfg.trainer.save_deepspeed_state and cfg.warmup.keep_optimizer_state
+    trainer = cfg.trainer.model_copy(update={"save_deepspeed_state": keep})
+    return cfg.model_copy(update={"trainer": trainer})
+
+
 def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     """Fine-tune the base model on demonstrations and save checkpoint `warmup` (once: a rerun
     returns the stored result)."""
@@ -182,7 +191,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         return WarmupResult.model_validate_json(record.read_text())
     start = time.perf_counter()
     live.release(run_dir)  # nothing cached may hold weights older than the warm-up
-    trainer = trainers.build_trainer(cfg, Path(run.base_model), None)
+    trainer = trainers.build_trainer(_warmup_config(cfg), Path(run.base_model), None)
     if cfg.warmup.source == "solver":
         rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
     else:

@@ -1,0 +1,43 @@
+"""The warm-up's AdamW moments stay out of RL by default: its checkpoint holds the weights only,
+so the RL trainer built from it (the first iteration's, or a rerun's) starts with fresh moments;
+`warmup.keep_optimizer_state=true` carries them on. Checked through the `train` flow: the Adam
+step count in iteration 1's checkpoint is the RL update's own steps, or those plus the
+warm-up's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_core.config.load import load_config
+from flows.train import train
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
+    prefect_harness, tiny_model_dir: Path, tmp_path: Path, keep: bool
+) -> None:
+    config = load_config(
+        "smoke",
+        [
+            f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            "tracking.log_checkpoints=false", "run.iterations=1",
+            "warmup.enabled=true", "warmup.tasks=4", "warmup.epochs=1",
+            f"warmup.keep_optimizer_state={str(keep).lower()}",
+        ],
+    )  # fmt: skip
+    summary = train(config)
+    run = Path(summary.run_dir)
+    warmup = json.loads((run / "warmup.json").read_text())["metrics"]["optimizer_steps"]
+    rl = summary.last_metrics["actor/optimizer_steps"]
+    assert warmup > 0 and rl > 0
+    assert (run / "checkpoints" / "warmup" / "deepspeed").is_dir() == keep
+    (states,) = (run / "checkpoints" / "iter_0001" / "deepspeed").rglob("*model_states.pt")
+    moments = torch.load(states, weights_only=False)["optimizer"]["state"]
+    steps = {float(s["step"]) for s in moments.values()}
+    assert steps == {rl + warmup if keep else rl}
