@@ -175,8 +175,8 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
 
 def _warmup_config(cfg: RunConfig) -> RunConfig:
     """`cfg` for the warm-up's trainer: its checkpoint keeps the DeepSpeed (optimizer) state
-    only with `warmup.keep_optimizer_state`, so RL's first trainer, built from the checkpoint,
-    starts with fresh AdamW moments by default (and so does a rerun that resumes from it)."""
+    only with `warmup.keep_optimizer_state`; without it RL's first trainer, built from the
+    checkpoint, starts with fresh AdamW moments (and so does a rerun that resumes from it)."""
     keep = cfg.trainer.save_deepspeed_state and cfg.warmup.keep_optimizer_state
     trainer = cfg.trainer.model_copy(update={"save_deepspeed_state": keep})
     return cfg.model_copy(update={"trainer": trainer})

@@ -1,6 +1,6 @@
-"""The warm-up's AdamW moments stay out of RL by default: its checkpoint holds the weights only,
-so the RL trainer built from it (the first iteration's, or a rerun's) starts with fresh moments;
-`warmup.keep_optimizer_state=true` carries them on. Checked through the `train` flow: the Adam
+"""`warmup.keep_optimizer_state`: true (the default) carries the warm-up's AdamW moments into
+RL; false leaves them out of the warm-up checkpoint, so the RL trainer built from it (the first
+iteration's, or a rerun's) starts with fresh moments. Checked through the `train` flow: the Adam
 step count in iteration 1's checkpoint is the RL update's own steps, or those plus the
 warm-up's."""
 
