@@ -21,7 +21,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -103,13 +102,11 @@ def replay(run: Path, iteration: int, overrides: list[str]) -> dict[str, float]:
     probes = [(r.prompt_ids, r.response_ids) for r in rows[::every] if len(r.response_ids) >= 2]
     trainer = build_trainer(cfg, sampled_by(run, iteration, cfg), None)
     before = reply_start(trainer, probes)
-    start = time.perf_counter()
     metrics = trainer.update(rows, iteration)
-    seconds = time.perf_counter() - start
     after = reply_start(trainer, probes)
     return {
         "rows": len(rows),
-        "seconds": seconds,
+        "seconds": metrics.seconds,
         "positions": metrics.padded_tokens,
         "steps": metrics.optimizer_steps,
         "approx_kl": metrics.approx_kl,
