@@ -28,6 +28,17 @@ class TrainerSection(Section):
         strict=False,  # YAML and JSON give a list; each beta stays strict (AdamBeta)
         description="AdamW betas (beta1, beta2), each in [0, 1).",
     )
+    lr_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="RL updates: the learning rate rises linearly over the optimizer's first "
+        "this many steps (learning_rate * t / lr_warmup_steps at its t-th step), as verl's "
+        "actor lr_warmup_steps. t counts every step of the AdamW state, so fresh moments "
+        "(warmup.keep_optimizer_state=false) start at t=1, carried ones after the warm-up's "
+        "steps, and a resumed run goes on where its checkpoint's state left off. Fresh AdamW "
+        "moves every weight by about the learning rate on each early step whatever its "
+        "gradient (the first step is lr * sign(g)). 0 = no warm-up. Logged as actor/lr.",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     epochs: int = Field(1, ge=1, description="Passes over the iteration's steps (PPO epochs).")
     target_kl: float | None = Field(
@@ -306,6 +317,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
         "learning_rate",
         "weight_decay",
         "betas",
+        "lr_warmup_steps",
         "max_grad_norm",
         "epochs",
         "target_kl",

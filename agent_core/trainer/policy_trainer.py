@@ -61,6 +61,9 @@ class UpdateMetrics:
     value_clip_fraction: float = 0.0
     optimizer_steps: int = 0
     skipped_steps: int = 0
+    # the mean learning rate of the update's optimizer steps (below trainer.learning_rate while
+    # trainer.lr_warmup_steps ramps it up)
+    lr: float = 0.0
     # trainer.target_kl: 1 when the update stopped early (a mini-batch's approx_kl passed it),
     # and that mini-batch's approx_kl (0 when it ran to the end)
     early_stopped: int = 0
@@ -303,6 +306,7 @@ class PolicyTrainer:
         steps, n_micro = max(1, metrics.optimizer_steps), max(1, micro_count)
         metrics.policy_loss = sums.get("loss", 0.0) / steps
         metrics.grad_norm = sums.get("norm", 0.0) / steps
+        metrics.lr = sums.get("lr", 0.0) / steps
         for key in ("clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy",
                     "kl_ref", "value_loss", "value_clip_fraction"):  # fmt: skip
             setattr(metrics, key, sums.get(key, 0.0) / n_micro)
@@ -404,11 +408,35 @@ class PolicyTrainer:
             self.engine.zero_grad()
             metrics.skipped_steps += 1
             return
+        sums["lr"] = sums.get("lr", 0.0) + self._set_lr()
         self.engine.step()
         if norm is None or self.world > 1:  # the local norm is not the global one
             norm = self.engine.get_global_grad_norm()
         sums["norm"] = sums.get("norm", 0.0) + float(norm or 0.0)
         metrics.optimizer_steps += 1
+
+    def _set_lr(self) -> float:
+        """The learning rate of the coming optimizer step, set on every param group: an RL
+        step's is trainer.learning_rate, times (t / lr_warmup_steps) while the optimizer's t-th
+        step is within trainer.lr_warmup_steps (t counts every step of its AdamW state: a state
+        carried from the warm-up counts the warm-up's); the warm-up keeps its own."""
+        groups = self.engine.optimizer.param_groups
+        if self._sft:
+            return float(groups[0]["lr"])
+        lr = self.cfg.learning_rate
+        if self.cfg.lr_warmup_steps:
+            lr *= min(1.0, (self._optimizer_age() + 1) / self.cfg.lr_warmup_steps)
+        for group in groups:
+            group["lr"] = lr
+        return lr
+
+    def _optimizer_age(self) -> int:
+        """Optimizer steps the AdamW state has taken (0 for fresh moments)."""
+        optimizer = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        for state in optimizer.state.values():
+            if "step" in state:
+                return int(state["step"])
+        return 0
 
     def _collate(self, sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
         if self._tree is not None:
