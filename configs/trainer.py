@@ -33,11 +33,12 @@ class TrainerSection(Section):
         ge=0,
         description="RL updates: the learning rate rises linearly over the optimizer's first "
         "this many steps (learning_rate * t / lr_warmup_steps at its t-th step), as verl's "
-        "actor lr_warmup_steps. t counts every step of the AdamW state, so fresh moments "
-        "(warmup.keep_optimizer_state=false) start at t=1, carried ones after the warm-up's "
-        "steps, and a resumed run goes on where its checkpoint's state left off. Fresh AdamW "
-        "moves every weight by about the learning rate on each early step whatever its "
-        "gradient (the first step is lr * sign(g)). 0 = no warm-up. Logged as actor/lr.",
+        "actor lr_warmup_steps (whose first step takes 0). t counts every step of the AdamW "
+        "state, so fresh moments (warmup.keep_optimizer_state=false) start at t=1, carried "
+        "ones after the warm-up's steps, and a resumed run goes on where its checkpoint's "
+        "state left off. Fresh AdamW moves every weight by about the learning rate on each "
+        "early step whatever its gradient (the first step is lr * sign(g)). 0 = no warm-up. "
+        "Logged as actor/lr.",
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     epochs: int = Field(1, ge=1, description="Passes over the iteration's steps (PPO epochs).")

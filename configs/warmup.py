@@ -35,7 +35,8 @@ class WarmupSection(Section):
         "choice env's sampled success rose 0.589 -> 0.997 instead of falling to 0.510, but "
         "the lookup env's greedy held-out success fell 1.000 -> 0.771 instead of 0.979 "
         "(fresh moments make RL's first steps lr-sized on every weight whatever its gradient; "
-        "docs/results.md, The warm-up's optimizer state).",
+        "docs/results.md, The warm-up's optimizer state). learn_general takes fresh moments "
+        "with trainer.lr_warmup_steps=10, which ramps those first steps up.",
     )
 
     @model_validator(mode="after")
