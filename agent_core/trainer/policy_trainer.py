@@ -431,12 +431,11 @@ class PolicyTrainer:
         return lr
 
     def _optimizer_age(self) -> int:
-        """Optimizer steps the AdamW state has taken (0 for fresh moments)."""
+        """Optimizer steps the AdamW state has taken (0 for fresh moments): the most any
+        parameter's state counts (AdamW skips a parameter in a step that gave it no gradient)."""
         optimizer = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
-        for state in optimizer.state.values():
-            if "step" in state:
-                return int(state["step"])
-        return 0
+        steps = [int(s["step"]) for s in optimizer.state.values() if "step" in s]
+        return max(steps, default=0)
 
     def _collate(self, sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
         if self._tree is not None:

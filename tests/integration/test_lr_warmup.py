@@ -20,7 +20,8 @@ def _trainer(model: Path, *extra: str):
     return trainers.build_trainer(cfg, model, None), cfg
 
 
-def _largest_move(trainer, update) -> float:
+def _largest_move(trainer, update) -> tuple[float, float]:
+    """The update's logged learning rate and the most it moved any weight."""
     before = {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
     metrics = update()
     after = trainer.engine.module.state_dict()
