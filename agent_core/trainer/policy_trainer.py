@@ -521,18 +521,15 @@ class PolicyTrainer:
 
     def sft_update(self, rows: list[TrainRow], epochs: int, learning_rate: float) -> UpdateMetrics:
         """Fine-tune on demonstration rows (response tokens only) with their own learning rate
-        and epochs, through the same engine, batching and guards as the RL update."""
-        groups = self.engine.optimizer.param_groups
-        saved = [g["lr"] for g in groups]
-        for group in groups:
+        and epochs, through the same engine, batching and guards as the RL update (an RL
+        step sets its own learning rate again: `_set_lr`)."""
+        for group in self.engine.optimizer.param_groups:
             group["lr"] = learning_rate
         self._sft = True
         try:
             return self.update(rows, iteration=0, epochs=epochs)
         finally:
             self._sft = False
-            for group, lr in zip(groups, saved, strict=True):
-                group["lr"] = lr
 
     def _grad_norm(self) -> float | None:
         """L2 norm of the accumulated gradients before the step (ZeRO 0/1 keep full grads on
