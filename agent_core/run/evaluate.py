@@ -76,7 +76,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def episode_table(steps: list[Step], tasks: dict[str, Task]) -> pl.DataFrame:
-    """One row per episode: task, sample index, success, total reward, steps, final reply."""
+    """One row per episode: task, sample index, success, total reward, steps, the final reply
+    and every reply in order (what a greedy policy repeated, where it went wrong)."""
     rows = []
     for trajectory_id, trajectory in group_trajectories(steps).items():
         last = trajectory[-1]
@@ -91,6 +92,7 @@ def episode_table(steps: list[Step], tasks: dict[str, Task]) -> pl.DataFrame:
                 "truncated": bool(last.truncated),
                 "tool_calls_ok": int(last.info.get("tool_calls_ok", 0)),
                 "final_response": last.response_text,
+                "replies": [s.response_text for s in trajectory],
             }
         )
     return pl.DataFrame(rows).sort(["task_id", "sample"])

@@ -56,6 +56,9 @@ def test_evaluate_base_checkpoint_hand_count(prefect_harness, tmp_path: Path) ->
     assert m["eval/pass_at_3"] == pytest.approx(hand_pass3)
     assert m["eval/reward_mean"] == pytest.approx(sum(table["reward"]) / table.height)
     assert m["eval/steps_mean"] == pytest.approx(sum(table["steps"]) / table.height)
+    for row in table.iter_rows(named=True):
+        assert len(row["replies"]) == row["steps"]
+        assert row["replies"][-1] == row["final_response"]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["steprl.kind"] == "eval"
