@@ -68,6 +68,15 @@ class TrackingSection(Section):
         "maze one update at 0.118 (the others 0.002-0.063) broke the move format every "
         "episode shared (docs/results.md); trainer.target_kl stops an update early. 0 = never.",
     )
+    warn_entropy_rise: float = Field(
+        2.0,
+        ge=0.0,
+        description="Warn (console line) when an update's actor/entropy is at least this many "
+        "times the run's first update's (warning/entropy_ratio): the policy samples more "
+        "randomly than the one RL started from. Every broken reply format in docs/results.md "
+        "came with such a rise (the corridor maze 0.21 -> 0.50, 0.91, 1.9; the choice 0.31 -> "
+        "0.75). 0 = never.",
+    )
     warn_reward_falling: int = Field(
         3,
         ge=0,

@@ -1,6 +1,7 @@
 """Update diagnostics that show RL going wrong before held-out eval does: the mean advantage as
 the loss weighs it, the loss weight on failed trajectories, an importance estimate of the
-updated policy's reward on the sampled trajectories, and streaks of falling reward.
+updated policy's reward on the sampled trajectories, streaks of falling reward and the rise of
+the policy's entropy since RL began.
 Pure numpy. S = step rows, T = trajectories.
 """
 
@@ -108,6 +109,14 @@ def falling_streak(history: list[float]) -> int:
     return streak
 
 
+def entropy_ratio(history: list[float]) -> float:
+    """The last entry of `history` (each update's mean token entropy, oldest first) over the
+    first positive one (an update without rows logs 0): [0, 0.2, 0.3, 0.5] -> 2.5; 0 when no
+    entry is positive."""
+    base = next((h for h in history if h > 0), 0.0)
+    return history[-1] / base if base > 0 else 0.0
+
+
 def update_warnings(
     metrics: dict[str, float],
     bias_limit: float,
@@ -115,12 +124,14 @@ def update_warnings(
     mode: str,
     no_success_limit: float,
     kl_limit: float,
+    entropy_limit: float,
 ) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
     (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, at least
     `no_success_limit` of the gradient's weight from groups where nothing succeeded, the
     sampled reward falling `falling_limit` (> 0) iterations in a row, or, once the update ran,
-    its `actor/approx_kl` above `kl_limit` (> 0)."""
+    its `actor/approx_kl` above `kl_limit` (> 0) and its entropy at least `entropy_limit` (> 0)
+    times the run's first update's (`warning/entropy_ratio`)."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
     if abs(bias) > bias_limit:
@@ -149,6 +160,15 @@ def update_warnings(
             f"(actor/approx_kl {kl:.3f}, above {kl_limit}): one such update can break a reply "
             "format every episode shares; trainer.target_kl (e.g. 0.02) stops an update's "
             "optimizer steps once a mini-batch passes it"
+        )
+    ratio = metrics.get("warning/entropy_ratio", 0.0)
+    if entropy_limit > 0 and ratio >= entropy_limit:
+        out.append(
+            f"the policy's entropy (actor/entropy {metrics['actor/entropy']:.2f}) is "
+            f"{ratio:.1f} times the first update's: it samples more randomly than the policy RL "
+            "started from, which in docs/results.md came before every broken reply format "
+            "(the corridor maze: 0.21 -> 0.50 with a quarter of its replies malformed); read "
+            "the replies in the step table (iter_*/steps.parquet, response_text)"
         )
     streak = int(metrics.get("warning/reward_falling_iterations", 0))
     if falling_limit > 0 and streak >= falling_limit:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent_core.algorithms.diagnostics import update_warnings
+from agent_core.algorithms.diagnostics import entropy_ratio, update_warnings
 from agent_core.core.faults import crash_point
 from agent_core.core.files import atomic_write_text
 from agent_core.core.records import Step
@@ -241,7 +241,22 @@ def iteration_warnings(cfg: RunConfig, metrics: dict[str, float]) -> list[str]:
         cfg.trainer.loss_agg_mode,
         t.warn_no_success_share,
         t.warn_approx_kl,
+        t.warn_entropy_rise,
     )
+
+
+def _entropy_ratio(run_dir: Path, iteration: int, entropy: float) -> float:
+    """`entropy_ratio` of this update's entropy against the run's first update with rows,
+    read from the earlier iterations' logged marks (so a rerun sees them)."""
+    history = []
+    for k in range(1, iteration):
+        mark = iteration_dir(run_dir, k) / LOGGED_MARK
+        if mark.is_file():
+            earlier = LogResult.model_validate_json(mark.read_text()).metrics
+            history.append(earlier.get("actor/entropy", 0.0))
+            if history[-1] > 0:
+                break
+    return entropy_ratio([*history, entropy])
 
 
 def log_iteration(
@@ -270,6 +285,9 @@ def log_iteration(
     logged = _log_browsables(cfg, run, iteration, upd)
     crash_point("log", iteration)
     metrics = iteration_metrics(shards, scored, partition, upd, synced.seconds if synced else 0.0)
+    metrics["warning/entropy_ratio"] = _entropy_ratio(
+        Path(run.run_dir), iteration, metrics.get("actor/entropy", 0.0)
+    )
     metrics["timing_s/log"] = time.perf_counter() - start
     tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
     if t.plot_curve:

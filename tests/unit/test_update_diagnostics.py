@@ -13,6 +13,7 @@ import pytest
 
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
+    entropy_ratio,
     falling_streak,
     reward_after_update_estimate,
     step_loss_weights,
@@ -20,8 +21,8 @@ from agent_core.algorithms.diagnostics import (
 )
 from agent_core.core.records import Step
 from agent_core.core.results import ScoreResult
-from agent_core.core.run_folder import iteration_dir
-from agent_core.run.report import console_lines
+from agent_core.core.run_folder import LOGGED_MARK, iteration_dir
+from agent_core.run.report import LogResult, _entropy_ratio, console_lines
 from agent_core.run.score import _reward_falling, _update_diagnostics
 from agent_core.run.update import _reward_after_update
 from agent_core.trainer.batching import TrainRow
@@ -165,16 +166,22 @@ def test_warnings_and_console_lines() -> None:
         "actor/reward_before_update": 0.5, "actor/reward_after_update_estimate": 0.42,
     }  # fmt: skip
     warnings = update_warnings(metrics, bias_limit=0.2, falling_limit=3, mode="token-mean",
-                               no_success_limit=0.8, kl_limit=0.05)  # fmt: skip
+                               no_success_limit=0.8, kl_limit=0.05, entropy_limit=2.0)  # fmt: skip
     assert metrics["loss_weight/no_success_group_share"] == 0.0  # the one group has successes
     assert len(warnings) == 2
     assert "-0.250" in warnings[0] and "75% of the loss weight" in warnings[0]
     assert "traj-mean-token-mean" in warnings[0]  # the fix, named where it is not in use
     assert "fell 3 iteration(s) in a row" in warnings[1]
     assert "the same held-out tasks" in warnings[1]  # a fall may be the new tasks' doing
-    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05) == []
+    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05, 2.0) == []
     no_success = update_warnings(
-        metrics | {"loss_weight/no_success_group_share": 0.9}, 0.6, 0, "token-mean", 0.8, 0.05
+        metrics | {"loss_weight/no_success_group_share": 0.9},
+        0.6,
+        0,
+        "token-mean",
+        0.8,
+        0.05,
+        2.0,
     )
     assert no_success == [
         "90% of the update's gradient comes from groups where no episode succeeded: it learns "
@@ -182,7 +189,7 @@ def test_warnings_and_console_lines() -> None:
         "success; refill.drop=[no_success] leaves such groups out and refills the batch "
         "from new tasks"
     ]
-    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8, 0.05)
+    in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8, 0.05, 2.0)
     assert len(in_use) == 1 and "traj-mean-token-mean" not in in_use[0]
     lines = console_lines(cfg, 4, metrics)
     assert lines[0].startswith("iteration 4: reward/mean=0.500")
@@ -198,14 +205,15 @@ def test_a_far_update_is_named_with_its_approx_kl() -> None:
         "actor/policy_loss": 0.1,
     }  # fmt: skip
     # before the update (scoring) there is no approx_kl: nothing to say
-    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05) == []
+    assert update_warnings(metrics, 0.6, 0, "token-mean", 0.8, 0.05, 2.0) == []
     # the corridor's update that broke the move format, and one of its ordinary ones
     far = metrics | {"actor/approx_kl": 0.118}
     assert (
-        update_warnings(metrics | {"actor/approx_kl": 0.027}, 0.6, 0, "token-mean", 0.8, 0.05) == []
+        update_warnings(metrics | {"actor/approx_kl": 0.027}, 0.6, 0, "token-mean", 0.8, 0.05, 2.0)
+        == []
     )
-    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.0) == []  # 0 = never
-    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05) == [
+    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.0, 2.0) == []  # 0 = never
+    assert update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05, 2.0) == [
         "the update moved the policy far from the one that sampled its batch (actor/approx_kl "
         "0.118, above 0.05): one such update can break a reply format every episode shares; "
         "trainer.target_kl (e.g. 0.02) stops an update's optimizer steps once a mini-batch "
@@ -213,7 +221,7 @@ def test_a_far_update_is_named_with_its_approx_kl() -> None:
     ]
     cfg.tracking.warn_advantage_bias = 0.6
     assert [line for line in console_lines(cfg, 2, far) if "approx_kl 0.118" in line] == [
-        "  warning: " + update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05)[0]
+        "  warning: " + update_warnings(far, 0.6, 0, "token-mean", 0.8, 0.05, 2.0)[0]
     ]
 
 
@@ -225,3 +233,36 @@ def test_reward_after_update_groups_rows_by_trajectory() -> None:
     got = _reward_after_update(table, rows, [math.log(2.0), math.log(1.5), 0.0])
     assert got["reward_before_update"] == pytest.approx(0.5)
     assert got["reward_after_update_estimate"] == pytest.approx(3.0 / 4.0)
+
+
+def test_entropy_ratio_is_against_the_first_update_with_rows(tmp_path: Path) -> None:
+    assert entropy_ratio([0.0, 0.2, 0.3, 0.5]) == pytest.approx(2.5)
+    assert entropy_ratio([0.0, 0.0]) == 0.0  # no update had rows: nothing to compare
+    # the corridor run's updates (0.21 at the first, 0.50 at the last), read back from the
+    # run folder's logged marks as a rerun would; iteration 1 had no rows (entropy 0)
+    for k, entropy in ((1, 0.0), (2, 0.21), (3, 0.30)):
+        mark = iteration_dir(tmp_path, k) / LOGGED_MARK
+        mark.parent.mkdir(parents=True)
+        logged = LogResult(iteration=k, mlflow_run_id="r", mlflow_url="u", dataset_digest="d",
+                           checkpoint_artifact=None, metrics={"actor/entropy": entropy})  # fmt: skip
+        mark.write_text(logged.model_dump_json())
+    assert _entropy_ratio(tmp_path, 4, 0.50) == pytest.approx(0.50 / 0.21)
+    assert _entropy_ratio(tmp_path, 1, 0.21) == pytest.approx(1.0)  # the first is its own base
+
+
+def test_an_entropy_rise_is_named_with_its_ratio() -> None:
+    cfg = RunConfig()
+    metrics = _update_diagnostics(cfg, _steps()) | {
+        "reward/mean": 0.5, "success_rate": 0.5, "advantage/zero_variance_group_share": 0.0,
+        "actor/policy_loss": 0.1, "actor/entropy": 0.50,
+    }  # fmt: skip
+    risen = metrics | {"warning/entropy_ratio": 0.50 / 0.21}
+    assert update_warnings(metrics | {"warning/entropy_ratio": 1.9}, 0.6, 0, "token-mean", 0.8,
+                           0.05, 2.0) == []  # fmt: skip
+    assert update_warnings(risen, 0.6, 0, "token-mean", 0.8, 0.05, 0.0) == []  # 0 = never
+    warned = update_warnings(risen, 0.6, 0, "token-mean", 0.8, 0.05, 2.0)
+    assert len(warned) == 1
+    assert warned[0].startswith("the policy's entropy (actor/entropy 0.50) is 2.4 times the first")
+    assert "response_text" in warned[0]  # where to look
+    cfg.tracking.warn_advantage_bias = 0.6
+    assert "  warning: " + warned[0] in console_lines(cfg, 8, risen)
