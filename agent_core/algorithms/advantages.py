@@ -4,7 +4,7 @@ env anchor states). Each is pure: StepArrays (+ options) -> per-step returns and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,6 +205,16 @@ def gae(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     return AdvantageResult(returns, advantages, flat, n_groups)
 
 
+def step_anchor(env_key: str | None, prompt_ids: Sequence[int]) -> Hashable:
+    """A step's anchor state for GiGPO: the env's `anchor_key()` when it gives one, else the
+    prompt the policy saw (its token ids), so steps of a group whose prompts are equal (every
+    first step of a task with a fixed reset, a later step reached by the same replies) compare
+    their returns. Two keys of the two kinds never compare equal."""
+    if env_key is not None:
+        return env_key
+    return ("prompt", tuple(prompt_ids))
+
+
 def anchor_groups(arrays: StepArrays) -> np.ndarray:
     """Dense ids [N] of (episode group, anchor state) step groups; a step without an anchor
     (None) is a group of its own."""
@@ -255,20 +265,20 @@ ESTIMATORS: dict[str, Estimator] = {
     "gigpo": gigpo,
 }
 
-# What each estimator reads beyond rewards: "value" (a critic head), "anchor" (env states).
+# What each estimator reads beyond rewards: "value" (a critic head). gigpo's anchor states are
+# always there: the env's anchor_key() or else the step's prompt (`step_anchor`).
 ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {
     "grpo": frozenset(),
     "rloo": frozenset(),
     "reinforce_pp": frozenset(),
     "gae": frozenset({"value"}),
-    "gigpo": frozenset({"anchor"}),
+    "gigpo": frozenset(),
 }
 
 _NO_VALUE = sorted(n for n, needs in ESTIMATOR_NEEDS.items() if "value" not in needs)
-_NO_ANCHOR = sorted(n for n, needs in ESTIMATOR_NEEDS.items() if "anchor" not in needs)
 
 
-def check_estimator_needs(name: str, has_value_head: bool, env_has_anchor: bool) -> str | None:
+def check_estimator_needs(name: str, has_value_head: bool) -> str | None:
     """None when the run provides what estimator `name` needs, else a message with the fix.
 
     A 'package.module:attribute' estimator is the user's own and is not checked."""
@@ -279,16 +289,9 @@ def check_estimator_needs(name: str, has_value_head: bool, env_has_anchor: bool)
             f"algorithm.estimator={name!r} is unknown: choose one of "
             f"{', '.join(sorted(ESTIMATOR_NEEDS))}, or give 'package.module:attribute'"
         )
-    problems = []
     if "value" in ESTIMATOR_NEEDS[name] and not has_value_head:
-        problems.append(
+        return (
             f"algorithm.estimator={name!r} needs a value head: set trainer.value_head=true "
             f"(or use an estimator without a critic: {', '.join(_NO_VALUE)})"
         )
-    if "anchor" in ESTIMATOR_NEEDS[name] and not env_has_anchor:
-        problems.append(
-            f"algorithm.estimator={name!r} needs anchor states: the configured env does not "
-            "implement AgentEnv.anchor_key(); pick an env that does "
-            f"(or use an estimator without anchors: {', '.join(_NO_ANCHOR)})"
-        )
-    return "; ".join(problems) or None
+    return None

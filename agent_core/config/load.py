@@ -23,7 +23,7 @@ from agent_core.config.deployment import (
 )
 from agent_core.config.presets import ConfigError, preset_path
 from agent_core.core.registry import ModuleAllowlist, UnknownNameError, only_modules, resolve
-from agent_core.envs import AgentEnv, ToolEnv, env_class
+from agent_core.envs import ToolEnv, env_class
 from agent_core.envs.task_file import open_task_file
 from agent_core.models import is_model_folder
 from agent_core.prompting.context import make_context_policy
@@ -386,16 +386,12 @@ def _check_relative_groups(group_size: int) -> None:
 
 
 def _estimator_needs(config: RunConfig) -> str | None:
-    """The estimator's unmet needs (a value head, anchor states) as a message, or None."""
+    """The estimator's unmet need (a value head) as a message, or None."""
 
-    env = _known_env(config)
-    if env is None:
-        return None  # reported as env.name
-    has_anchor = env.anchor_key is not AgentEnv.anchor_key
     name = config.algorithm.estimator
     if ":" not in name and name not in _builtin_estimators():
         return None  # reported by the name check
-    return check_estimator_needs(name, config.trainer.value_head, has_anchor)
+    return check_estimator_needs(name, config.trainer.value_head)
 
 
 def _builtin_estimators() -> set[str]:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from agent_core import live
-from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions
+from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions, step_anchor
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
     falling_streak,
@@ -72,7 +72,7 @@ def _estimate(
         [s.step_index for s in steps],
         [s.reward for s in steps],
         value=values,
-        anchor=[s.anchor_key for s in steps],
+        anchor=[step_anchor(s.anchor_key, s.prompt_ids) for s in steps],
         done=[s.done for s in steps],
         truncated=[s.truncated for s in steps],
         kl=kl,

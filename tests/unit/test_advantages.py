@@ -14,6 +14,7 @@ from agent_core.algorithms.advantages import (
     ESTIMATORS,
     AdvantageOptions,
     check_estimator_needs,
+    step_anchor,
 )
 from agent_core.algorithms.returns import StepArrays, object_column
 
@@ -445,21 +446,56 @@ def test_gigpo_episode_return_is_undiscounted_by_default() -> None:
 def test_every_estimator_declares_its_needs() -> None:
     assert set(ESTIMATOR_NEEDS) == set(ESTIMATORS)
     assert ESTIMATOR_NEEDS["gae"] == {"value"}
-    assert ESTIMATOR_NEEDS["gigpo"] == {"anchor"}
+    assert all(not needs for name, needs in ESTIMATOR_NEEDS.items() if name != "gae")
 
 
 def test_check_estimator_needs_messages() -> None:
-    gae_msg = check_estimator_needs("gae", has_value_head=False, env_has_anchor=True)
+    gae_msg = check_estimator_needs("gae", has_value_head=False)
     assert gae_msg is not None and "trainer.value_head=true" in gae_msg
     assert "algorithm.estimator='gae'" in gae_msg
-    gigpo_msg = check_estimator_needs("gigpo", has_value_head=True, env_has_anchor=False)
-    assert gigpo_msg is not None and "anchor_key()" in gigpo_msg
-    assert check_estimator_needs("gae", has_value_head=True, env_has_anchor=False) is None
-    assert check_estimator_needs("gigpo", has_value_head=False, env_has_anchor=True) is None
-    for name in ("grpo", "rloo", "reinforce_pp", "my.module:estimator"):
-        assert check_estimator_needs(name, has_value_head=False, env_has_anchor=False) is None
-    unknown = check_estimator_needs("gea", has_value_head=True, env_has_anchor=True)
+    assert check_estimator_needs("gae", has_value_head=True) is None
+    for name in ("grpo", "rloo", "reinforce_pp", "gigpo", "my.module:estimator"):
+        assert check_estimator_needs(name, has_value_head=False) is None
+    unknown = check_estimator_needs("gea", has_value_head=True)
     assert unknown is not None and "choose one of" in unknown
+
+
+def test_step_anchor_is_the_env_key_else_the_prompt() -> None:
+    assert step_anchor("pos=3", [1, 2]) == "pos=3"
+    assert step_anchor(None, [1, 2]) == step_anchor(None, [1, 2])
+    assert step_anchor(None, [1, 2]) != step_anchor(None, [1, 2, 3])
+    # an env key never equals a prompt anchor, whatever its text
+    assert step_anchor(str(("prompt", (1, 2))), [9]) != step_anchor(None, [1, 2])
+
+
+def test_gigpo_groups_anchorless_steps_by_prompt() -> None:
+    """An env without anchor_key(): steps with equal prompts form a step group.
+
+    Group g: a = [p0 -> r 0, p1 -> r 1], b = [p0 -> r 0, p2 -> r 0], c = [p0 -> r 0].
+    Centring only (norm_by_std False), gamma 1: episode returns 1, 0, 0 -> +2/3, -1/3, -1/3.
+    Step group p0 (a, b, c first steps): G = 1, 0, 0 -> +2/3, -1/3, -1/3; p1 and p2 are alone: 0.
+    """
+    prompts = {"p0": [5, 6], "p1": [5, 6, 7, 8], "p2": [5, 6, 7, 9]}
+    names = ["p0", "p1", "p0", "p2", "p0"]
+    arrays = _arrays(
+        ["g"] * 5, ["a", "a", "b", "b", "c"], [0, 1, 0, 1, 0], [0, 1, 0, 0, 0],
+        anchor=[step_anchor(None, prompts[n]) for n in names],
+    )  # fmt: skip
+    out = ESTIMATORS["gigpo"](arrays, AdvantageOptions(norm_by_std=False))
+    third = 1 / 3
+    np.testing.assert_allclose(
+        out.advantages, [4 * third, 2 * third, -2 * third, -third, -2 * third]
+    )
+    # the same batch with None anchors (the estimator called without step_anchor): every step
+    # is alone, so only the episode term is left
+    alone = _arrays(
+        ["g"] * 5, ["a", "a", "b", "b", "c"], [0, 1, 0, 1, 0], [0, 1, 0, 0, 0],
+        anchor=[None] * 5,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        ESTIMATORS["gigpo"](alone, AdvantageOptions(norm_by_std=False)).advantages,
+        [2 * third, 2 * third, -third, -third, -third],
+    )
 
 
 def test_missing_column_raises_with_pointer_to_check() -> None:
@@ -483,3 +519,30 @@ def test_positional_options_and_empty_batch() -> None:
     for name, fn in ESTIMATORS.items():
         out = fn(empty, opts)
         assert out.advantages.shape == (0,) and out.returns.shape == (0,), name
+
+
+def test_score_phase_gives_gigpo_the_prompt_of_an_anchorless_step() -> None:
+    """The example above as stored steps of an env without anchor_key(): the score phase
+    anchors them by their prompt ids, and the env's key where a step has one."""
+    from agent_core.core.records import Step
+    from agent_core.run.score import estimate_in_place
+    from configs.run_config import RunConfig
+
+    rows = [("a", 0, [5, 6], 0.0), ("a", 1, [5, 6, 7, 8], 1.0), ("b", 0, [5, 6], 0.0)]
+    rows += [("b", 1, [5, 6, 7, 9], 0.0), ("c", 0, [5, 6], 0.0)]
+    steps = [
+        Step("run", 1, 0, "g", t, k, "task", "env", prompt, [1], [-1.0], "", "", r, k == 1, False)
+        for t, k, prompt, r in rows
+    ]
+    steps[-1].done = True
+    cfg = RunConfig()
+    cfg.algorithm.estimator, cfg.algorithm.norm_by_std = "gigpo", False
+    estimate_in_place(cfg, None, 1, steps)  # no value head, no KL: the run is not read
+    third = 1 / 3
+    expected = [4 * third, 2 * third, -2 * third, -third, -2 * third]
+    np.testing.assert_allclose([s.advantage for s in steps], expected)
+    assert all(s.anchor_key is None for s in steps)  # the stored column keeps the env's key
+    for s in steps:
+        s.anchor_key = f"state-{s.trajectory_id}-{s.step_index}"  # every env key distinct
+    estimate_in_place(cfg, None, 1, steps)
+    np.testing.assert_allclose([s.advantage for s in steps], [2 * third] * 2 + [-third] * 3)
