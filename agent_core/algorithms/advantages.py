@@ -237,8 +237,9 @@ def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     A_episode: the trajectory's episode return R = sum of its rewards (undiscounted, as in the
     paper; `gigpo_episode_return="discounted"` uses G_0 instead), normalised like grpo over
     the trajectories of its episode group. A_step: the step's discounted return G_t normalised
-    among the steps of its episode group that share its anchor state. Episode groups of one,
-    anchor groups of one, and groups of equal scores add 0. `returns` are the G_t."""
+    among the steps of its episode group that share its anchor state (the score phase passes
+    `step_anchor`: the env's key, else the prompt). Episode groups of one, anchor groups of
+    one, and groups of equal scores add 0. `returns` are the G_t."""
     if options.gigpo_episode_return not in GIGPO_EPISODE_RETURNS:
         raise ValueError(
             f"gigpo_episode_return={options.gigpo_episode_return!r}: choose one of "
