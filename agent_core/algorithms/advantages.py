@@ -1,5 +1,6 @@
-"""Advantage estimators on step rows, by name, and what each needs from the run (a value head,
-env anchor states). Each is pure: StepArrays (+ options) -> per-step returns and advantages.
+"""Advantage estimators on step rows, by name, what each needs from the run (a value head),
+and GiGPO's step anchors. Each is pure: StepArrays (+ options) -> per-step returns and
+advantages.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ class StepArrays:
     `group` and `trajectory` are dense integer ids (0..G-1, 0..T-1); `step` is the step index
     within its trajectory (0-based, contiguous). Optional columns (None = not available):
     `value` critic value read at the step's last prompt token (float); `anchor` hashable
-    env-state keys (object array, entries may be None = no anchor); `done` / `truncated` how
+    state keys (object array; `step_anchor` gives the env's key or the prompt, None = no
+    anchor); `done` / `truncated` how
     the step ended (bool; only a trajectory's last step is read); `kl` KL to the reference
     policy summed over the step's response tokens (float).
     """
