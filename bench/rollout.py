@@ -40,7 +40,7 @@ from agent_core.rollout.engines.prefill import common_prefix
 from agent_core.rollout.engines.remote import RemoteRolloutEngine, RemoteSettings
 from agent_core.rollout.engines.sampler import sample_tokens
 from agent_core.rollout.engines.vllm_server import VLLMServer
-from agent_core.trainer.policy_trainer import resolve_compute_dtype
+from agent_core.trainer.compute_dtype import resolve_compute_dtype
 from configs.rollout_engines import VLLMEngineSection
 
 GROUP = 4

@@ -28,8 +28,9 @@ from offline import DEFAULT_MODEL, SMOKE_HELP, prepare
 
 from agent_core.algorithms.losses import clipped_policy_loss
 from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree
+from agent_core.trainer.compute_dtype import resolve_compute_dtype
 from agent_core.trainer.policy_module import PolicyModule
-from agent_core.trainer.policy_trainer import PolicyTrainer, resolve_compute_dtype
+from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.lora import LoraSection
 from configs.trainer import TrainerSection
 

@@ -219,10 +219,11 @@ class TrainerSection(Section):
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
         description="Compute dtype of the update: 'bfloat16' = fp32 master weights with bf16 "
-        "autocast for forward/backward; 'auto' = bfloat16 where the device computes it natively "
-        "(a CUDA GPU with bf16, a CPU with AVX512-BF16/AMX), else float32. On a CPU without "
-        "native bf16 (e.g. AVX2 only) bf16 matmuls fall back to a slow path (~25x slower than "
-        "fp32 measured on such a CPU).",
+        "autocast for forward/backward; 'auto' = bfloat16 where the device's bf16 matmuls are "
+        "the fast ones (a CUDA GPU with bf16; a CPU with AVX512-BF16/AMX whose bf16 GEMM a "
+        "start-up probe times at >= 1.25x fp32's speed), else float32. Without AVX512-BF16/AMX "
+        "bf16 falls back to a scalar GEMM (~25x slower than fp32); on a Xeon with AVX512-BF16 "
+        "and no AMX it ran at half of fp32's speed.",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."

@@ -33,6 +33,7 @@ from agent_core.trainer.batching import (
     with_trajectory_tokens,
 )
 from agent_core.trainer.checkpoint import gathered_state, load_checkpoint_state, save_checkpoint
+from agent_core.trainer.compute_dtype import resolve_compute_dtype
 from agent_core.trainer.distributed import (
     any_rank,
     init_process_group,
@@ -126,6 +127,8 @@ class PolicyTrainer:
             self.engine, self.tokenizer = self._build(Path(model_path))
         self.device = self.engine.device
         self.compute_dtype = resolve_compute_dtype(cfg.dtype, self.device.type)
+        if cfg.dtype == "auto" and any_rank(self.compute_dtype != "bfloat16", self.world):
+            self.compute_dtype = "float32"  # every rank computes in the same dtype
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
         # LoRA: the base without adapters is the reference (no second copy of the model)
@@ -618,21 +621,6 @@ class PolicyTrainer:
             group["betas"] = tuple(self.cfg.betas)
             group["weight_decay"] = self.cfg.weight_decay
         return loaded
-
-
-def native_bf16(device_type: str) -> bool:
-    """Whether the device multiplies bf16 matrices natively."""
-    if device_type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    # oneDNN's bf16 GEMMs need AVX512-BF16 or AMX; without them a scalar fallback runs
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def resolve_compute_dtype(dtype: str, device_type: str) -> str:
-    """'auto' -> 'bfloat16' where the device has native bf16 matmuls, else 'float32'."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if native_bf16(device_type) else "float32"
 
 
 def metrics_dict(metrics: UpdateMetrics) -> dict[str, float]:
