@@ -253,7 +253,7 @@ def main() -> int:
     )
     after = TrainerSection(**common, micro_batch_size=64, micro_batch_tokens=args.tree_tokens)
     after_lora = after.model_copy(update={"lora": LoraSection()})
-    vocab = _vocab(args.model)
+    vocab = vocab_size(args.model)
     rows = synthetic_rows(args.rows, vocab, SEED)
     print(
         f"{args.model.name}, {common['dtype']}, {torch.get_num_threads()} threads; {len(rows)} "
@@ -310,7 +310,8 @@ def main() -> int:
     return 0
 
 
-def _vocab(model: Path) -> int:
+def vocab_size(model: Path) -> int:
+    """The vocabulary size of the model folder's config."""
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model).vocab_size

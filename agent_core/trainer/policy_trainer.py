@@ -75,6 +75,9 @@ class UpdateMetrics:
     packed_trajectories: int = 0
     trained_tokens: int = 0
     padded_tokens: int = 0
+    # 1 when the forward and backward ran in bf16 autocast, 0 in fp32 (what trainer.dtype
+    # 'auto' resolved to on this device)
+    bf16_autocast: int = 0
     # trainer.old_logprobs=recompute: |rollout log-prob - trainer's recomputed one| per token
     # (how far the rollout engine's numerics are from the trainer's; 0 when not recomputed)
     rollout_logprob_diff_mean: float = 0.0
@@ -278,7 +281,7 @@ class PolicyTrainer:
         mini-batch of sequences; its gradient is the configured aggregate over its tokens."""
         start = time.perf_counter()
         epochs = self.cfg.epochs if epochs is None else epochs
-        metrics = UpdateMetrics(rows=len(rows))
+        metrics = UpdateMetrics(rows=len(rows), bf16_autocast=int(self.compute_dtype == "bfloat16"))
         rows = with_trajectory_tokens(rows if self._sft else self._train_rows(rows, metrics))
         metrics.recompute_seconds = time.perf_counter() - start
         sequences, packed = build_sequences(rows, self.cfg.pack_trajectories)

@@ -18,6 +18,7 @@ EXPECTED = {
     "packing": ["tok packed", "time ratio"],
     "replay": ["steprl write total", "scan_steps(run).collect()", "bytes per step on disk"],
     "update": ["DeepSpeed PolicyTrainer overhead vs plain torch:", "trained tokens/s"],
+    "dtype": ["trainer.dtype auto resolves to:", "update seconds, best of 1, float32"],
     "update_drift": ["the run's own settings", "trainer.mini_batch_size=8", "1-p grew", "x time"],
     "rollout": ["== steprl engine", "== roofline", "== ablations", "sampling 4 x 512"],
     "memory": ["highest peak:", "update ", "log "],
@@ -39,6 +40,7 @@ EXPECTED = {
 # engines, trainers, flows
 HEAVY = {
     "update",
+    "dtype",
     "update_drift",
     "rollout",
     "memory",
