@@ -139,7 +139,7 @@ def answer_reward(
 
 def update_dtype(cfg) -> str:
     """The compute dtype steprl's update resolves to on this CPU ('auto': bf16 only where
-    the CPU multiplies bf16 natively); TRL's update is given the same."""
+    the CPU's bf16 matmuls beat fp32's); TRL's update is given the same."""
     from agent_core.trainer.compute_dtype import resolve_compute_dtype
 
     return resolve_compute_dtype(cfg.trainer.dtype, "cpu")

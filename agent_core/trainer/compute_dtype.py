@@ -4,8 +4,9 @@ matrices faster than fp32, else fp32.
 A CUDA GPU with bf16 support takes bf16. On a CPU, having bf16 instructions is not enough: with
 AMX a bf16 GEMM ran ~7x faster than fp32 (2050 against 297 GFLOP/s), without AVX512-BF16 or AMX
 oneDNN falls back to a scalar GEMM (~25x slower), and on an Intel Xeon with AVX512-BF16 but no
-AMX it ran at about half of fp32's speed (160 against 300 GFLOP/s), which made the whole update
-1.7x slower in bf16 (docs/results.md, Performance per phase). So the CPU answer is measured once
+AMX it ran at about half of fp32's speed (160 against 300 GFLOP/s), which made a forward and
+backward 1.7x and an update 1.56x slower in bf16 autocast (docs/results.md, The update in bf16
+where bf16 is slower). So the CPU answer is measured once
 per process: a GEMM of the default model's shape in both dtypes, bf16 only where it is at
 least `BF16_MIN_SPEEDUP` times faster.
 """
@@ -48,7 +49,7 @@ def native_bf16(device_type: str) -> bool:
 @functools.cache
 def cpu_bf16_speedup() -> float:
     """How many times faster a bf16 GEMM of the probe's shape runs than an fp32 one on this
-    CPU with this process's threads (best of 5 each, after 2 untimed; ~20 ms)."""
+    CPU with this process's threads (best of 5 each, after 2 untimed; ~50 ms on 2 cores)."""
     seconds = {dt: _best_matmul_seconds(dt) for dt in (torch.float32, torch.bfloat16)}
     speedup = seconds[torch.float32] / seconds[torch.bfloat16]
     log.info(
