@@ -20,9 +20,8 @@ class StepArrays:
     within its trajectory (0-based, contiguous). Optional columns (None = not available):
     `value` critic value read at the step's last prompt token (float); `anchor` hashable
     state keys (object array; `step_anchor` gives the env's key or the prompt, None = no
-    anchor); `done` / `truncated` how
-    the step ended (bool; only a trajectory's last step is read); `kl` KL to the reference
-    policy summed over the step's response tokens (float).
+    anchor); `done` / `truncated` how the step ended (bool; only a trajectory's last step is
+    read); `kl` KL to the reference policy summed over the step's response tokens (float).
     """
 
     group: np.ndarray

@@ -32,8 +32,8 @@ def test_explicit_dtypes_are_kept(monkeypatch) -> None:
 def test_cpu_with_bf16_instructions_takes_bf16_only_when_it_is_faster(
     monkeypatch, speedup: float, expected: str
 ) -> None:
-    """7x: AMX; 0.53x: the Xeon with AVX512-BF16 and no AMX of docs/results.md; a near tie
-    (1.1x) keeps fp32."""
+    """7x: AMX; 0.53x: below the Xeon with AVX512-BF16 and no AMX of docs/results.md
+    (0.62-0.64x); a near tie (1.1x) keeps fp32."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     monkeypatch.setattr(compute_dtype, "cpu_bf16_speedup", lambda: speedup)
     assert resolve_compute_dtype("auto", "cpu") == expected
