@@ -114,6 +114,15 @@ class RolloutSection(Section):
         "layout (fp32 and bf16) instead of on every matmul. Costs one extra copy of the "
         "weights in memory.",
     )
+    prefix_cache_mib: int = Field(
+        1024,
+        ge=0,
+        description="Fused forward only: MiB of keys and values kept from earlier generate "
+        "calls (each finished row's prompt and reply), so a prompt that starts with one of "
+        "them prefills only the rest: an episode's next turn under full history, or its system "
+        "prompt and first observation under a window. Least recently used first out; emptied "
+        "when new weights arrive. Same outputs up to float rounding. 0 = off.",
+    )
 
     @model_validator(mode="after")
     def _engine_is_reachable(self) -> RolloutSection:

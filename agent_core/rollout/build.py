@@ -44,6 +44,7 @@ def hf_engine(cfg: RunConfig, weights: Path) -> HFRolloutEngine:
         fused=cfg.rollout.fused_forward,
         share_prefix=cfg.rollout.share_prompt_prefix,
         pack_weights=cfg.rollout.pack_weights,
+        prefix_cache_mib=cfg.rollout.prefix_cache_mib,
     )
 
 

@@ -1,7 +1,8 @@
 """`FusedLlamaBackend`: the hf engine's forward for Llama-family decoders (Llama, SmolLM,
 Qwen2), with q/k/v and gate/up GEMMs fused and their weights packed once for oneDNN
-(`PackedLinear`), a preallocated KV cache, and cascade attention over the prompt prefix the
-whole batch shares (prefilled once).
+(`PackedLinear`), a preallocated KV cache, cascade attention over the prompt prefix the whole
+batch shares (prefilled once), and a `PrefixCache` of earlier calls' keys and values (an
+episode's next turn prefills only what its last one did not).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from agent_core.rollout.engines.prefill import chunks, common_prefix
+from agent_core.rollout.engines.prefix_cache import PrefixCache
 
 _PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes oneDNN's reorder packs
 _PACK_ROWS = 32  # batch-size hint for the weight reorder (any batch works with the result)
@@ -108,10 +110,18 @@ class FusedLlamaBackend:
     prompt and few-shot examples) is prefilled once into its own cache, and every attention
     attends to it once for all rows (cascade attention: two flash-attention passes merged by
     their log-sum-exp), so neither its compute nor its memory traffic scales with the batch.
+
+    With `cache_bytes` > 0, the keys and values of every finished row (its prompt and the reply
+    tokens fed after it) go into a `PrefixCache` of that many bytes, and a later prompt takes
+    the longest cached prefix from it instead of prefilling it.
     """
 
     def __init__(
-        self, model: torch.nn.Module, share_prefix: bool = True, pack: bool = True
+        self,
+        model: torch.nn.Module,
+        share_prefix: bool = True,
+        pack: bool = True,
+        cache_bytes: int = 0,
     ) -> None:
         config = model.config
         self.model = model
@@ -126,26 +136,63 @@ class FusedLlamaBackend:
         self.device = model.lm_head.weight.device
         self.share_prefix = share_prefix and _cascade_supported(self.device)
         self.prefix: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, shared, head_dim]
+        self.cache = PrefixCache(cache_bytes) if cache_bytes > 0 else None
+        self.tokens: list[list[int]] | None = None  # each row's tokens with keys/values so far
         self.prefill_forwards = 0  # prefill forwards run (prefix + chunks), for tests
+        self.prefilled_tokens = 0  # prompt tokens run through prefill forwards
+        self.reused_tokens = 0  # prompt tokens whose keys and values came from the cache
 
     def weights_changed(self) -> None:
         for linear in [self.lm_head, *(lin for layer in self.layers for lin in layer.linears())]:
             linear.repack()
+        if self.cache is not None:
+            self.cache.clear()
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
+        """Row r's cache slots: [held - cached_r, held) its cached own tokens, then its tokens
+        still to run, right-aligned at `width` (every row's last prompt token in slot
+        width - 1); slots of no token are masked out."""
         shared = common_prefix(prompts) if self.share_prefix and len(prompts) > 1 else 0
-        width = max(len(p) for p in prompts) - shared  # slots of the longest own suffix
-        self.kv = self._empty_cache(len(prompts), width + max_new_tokens)
-        self.valid = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.bool)
+        hits = [self.cache.longest(p) if self.cache else (None, 0) for p in prompts]
+        cached = [max(0, n - shared) for _, n in hits]  # own tokens whose keys/values are kept
+        todo = [len(p) - shared - c for p, c in zip(prompts, cached, strict=True)]
+        held = max(cached)
+        width = held + max(todo)
+        rows = len(prompts)
+        self.kv = self._empty_cache(rows, width + max_new_tokens)
+        self.kv[:, :, :, :, :width] = 0  # never-written pad slots: masked, not garbage
+        self.valid = torch.zeros((rows, width + max_new_tokens), dtype=torch.bool)
         self.valid = self.valid.to(self.device)
+        for row, ((kv, _), c) in enumerate(zip(hits, cached, strict=True)):
+            if c:
+                self.kv[:, :, row, :, held - c : held] = kv[:, :, :, shared : shared + c]
+                self.valid[row, held - c : held] = True
+        self.reused_tokens += sum(cached)
         self.length = width
         self.next_pos = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.prefix = self._prefill_prefix(prompts[0][:shared]) if shared else None
+        self.tokens = [list(p) for p in prompts] if self.cache else None
+        self.prefix = self._shared_prefix(prompts[0][:shared], hits) if shared else None
         weight = self.lm_head.weight
-        logits = weight.new_empty((len(prompts), weight.shape[0]))
-        for rows in chunks(prompts, shared):
-            logits[rows] = self._prefill_rows([prompts[r] for r in rows], rows, shared, width)
+        logits = weight.new_empty((rows, weight.shape[0]))
+        # chunks of rows with similar counts of tokens to run (cache hits vary): little padding
+        order = sorted(range(rows), key=lambda r: (todo[r], r))
+        for chunk in chunks([todo[r] for r in order]):
+            members = [order[i] for i in chunk]
+            starts = [shared + cached[r] for r in members]
+            own = [prompts[r] for r in members]
+            logits[members] = self._prefill_rows(own, members, starts, width)
         return logits
+
+    def _shared_prefix(
+        self, prefix: list[int], hits: list[tuple[torch.Tensor | None, int]]
+    ) -> torch.Tensor:
+        """The batch's shared prefix cache: from a cached sequence that holds it, else run."""
+        n = len(prefix)
+        kept = next((kv for kv, length in hits if kv is not None and length >= n), None)
+        if kept is None:
+            return self._prefill_prefix(prefix)
+        self.reused_tokens += n
+        return kept[:, :, None, :, :n].clone()
 
     def _empty_cache(self, rows: int, slots: int) -> torch.Tensor:
         shape = (len(self.layers), 2, rows, self.kv_heads, slots, self.head_dim)
@@ -160,36 +207,54 @@ class FusedLlamaBackend:
         positions = torch.arange(n, device=self.device)[None]
         self._forward(ids, positions, cache, 0, self._mask(causal), None)
         self.prefill_forwards += 1
+        self.prefilled_tokens += n
         return cache
 
     def _prefill_rows(
-        self, prompts: list[list[int]], rows: list[int], shared: int, width: int
+        self, prompts: list[list[int]], rows: list[int], starts: list[int], width: int
     ) -> torch.Tensor:
-        """Own suffixes of `prompts` (cache rows `rows`, contiguous), left-padded to the chunk's
-        width and placed so that every row's last prompt token sits in slot `width - 1`."""
-        n = max(len(p) for p in prompts) - shared
+        """The tokens of `prompts` from `starts` on (cache rows `rows`), left-padded to the
+        chunk's width and placed so that every row's last prompt token sits in slot
+        `width - 1`."""
+        n = max(len(p) - s for p, s in zip(prompts, starts, strict=True))
         start = width - n
         ids = torch.zeros((len(rows), n), dtype=torch.long)
         positions = torch.zeros((len(rows), n), dtype=torch.long)
-        cache_rows = slice(rows[0], rows[-1] + 1)
-        self.kv[:, :, cache_rows, :, :start] = 0  # never-written pad slots: masked, not garbage
-        for i, prompt in enumerate(prompts):
-            suffix = prompt[shared:]
+        for i, (prompt, first) in enumerate(zip(prompts, starts, strict=True)):
+            suffix = prompt[first:]
             ids[i, n - len(suffix) :] = torch.tensor(suffix)
-            positions[i, n - len(suffix) :] = torch.arange(shared, len(prompt))
-            self.valid[rows[0] + i, width - len(suffix) : width] = True
+            positions[i, n - len(suffix) :] = torch.arange(first, len(prompt))
+            self.valid[rows[i], width - len(suffix) : width] = True
+            self.prefilled_tokens += len(suffix)
         keys = torch.arange(width, device=self.device)
         queries = torch.arange(start, width, device=self.device)
+        index = torch.tensor(rows, device=self.device)
         # a query sees valid earlier keys; a pad query also sees itself (no all-masked row)
-        allowed = self.valid[cache_rows, None, :width] & (keys <= queries[:, None])
+        allowed = self.valid[index, None, :width] & (keys <= queries[:, None])
         allowed |= keys == queries[:, None]
         ids, positions = ids.to(self.device), positions.to(self.device)
-        cache = self.kv[:, :, cache_rows]
+        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        # contiguous rows are written in place; others in a copy put back after the forward
+        cache = self.kv[:, :, rows[0] : rows[-1] + 1] if contiguous else self.kv[:, :, index]
         self.prefill_forwards += 1
-        return self._forward(ids, positions, cache, start, self._mask(allowed), self.prefix)
+        logits = self._forward(ids, positions, cache, start, self._mask(allowed), self.prefix)
+        if not contiguous:
+            self.kv[:, :, index] = cache
+        return logits
 
     def release(self) -> None:
-        self.kv = self.valid = self.next_pos = self.prefix = None
+        self.kv = self.valid = self.next_pos = self.prefix = self.tokens = None
+
+    def retire(self, rows: list[int]) -> None:
+        """Put the keys and values of batch rows `rows` (their prompt and the reply tokens fed
+        so far) into the prefix cache, before they leave the batch."""
+        if self.cache is None:
+            return
+        for row in rows:
+            slots = self.valid[row, : self.length].nonzero().squeeze(1)
+            own = self.kv[:, :, row].index_select(3, slots)  # a copy
+            kv = own if self.prefix is None else torch.cat([self.prefix[:, :, 0], own], dim=3)
+            self.cache.add(self.tokens[row], kv)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         slot = self.length
@@ -199,6 +264,9 @@ class FusedLlamaBackend:
         logits = self._forward(tokens[:, None], positions, self.kv, slot, mask, self.prefix)
         self.length += 1
         self.next_pos = self.next_pos + 1
+        if self.tokens is not None:
+            for seq, token in zip(self.tokens, tokens.tolist(), strict=True):
+                seq.append(token)
         return logits
 
     def select(self, rows: torch.Tensor) -> None:
@@ -212,6 +280,8 @@ class FusedLlamaBackend:
         else:
             self.kv = self.kv[:, :, rows]
         self.valid, self.next_pos = self.valid[rows], self.next_pos[rows]
+        if self.tokens is not None:
+            self.tokens = [list(self.tokens[r]) for r in rows.tolist()]
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Additive mask [b, 1, groups * S, keys] (or [b, 1, 1, keys] when S = 1) from a bool

@@ -4,7 +4,8 @@ Each decoding step is one forward over the live sequences (per-sequence stop on 
 strings); finished sequences leave the batch and the cache. The forward is a backend:
 Llama-family models (Llama, SmolLM, Qwen2) run the fused one (`fused_llama`), which prefills a
 prefix shared by the whole batch once; any other causal LM runs through HF's own forward
-(`hf_cache`). Identical prompts are prefilled once (`prefill`); tokens come from `sampler`.
+(`hf_cache`). Identical prompts are prefilled once (`prefill`); the fused backend also keeps
+earlier calls' keys and values (`prefix_cache`); tokens come from `sampler`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class _Backend(Protocol):
         """Keep (or repeat) the cache rows `rows` [B'], in that order."""
         ...
 
+    def retire(self, rows: list[int]) -> None:
+        """Batch rows `rows` are finished: keep what a later call can reuse of them."""
+        ...
+
     def weights_changed(self) -> None:
         """The model's parameters were overwritten in place (`load_state_dict`)."""
         ...
@@ -57,7 +62,8 @@ class HFRolloutEngine:
     `threads` (0 = torch's default) is the intra-op thread count used while generating (restored
     afterwards, so a trainer in the same process keeps its own). `fused` picks the fused
     Llama-family forward when the model allows it; `share_prefix` lets it prefill the batch's
-    common prompt prefix once.
+    common prompt prefix once; `prefix_cache_mib` > 0 lets it keep that many MiB of earlier
+    calls' keys and values for prompts that start with their tokens.
     """
 
     def __init__(
@@ -70,6 +76,7 @@ class HFRolloutEngine:
         fused: bool = True,
         share_prefix: bool = True,
         pack_weights: bool = True,
+        prefix_cache_mib: int = 0,
     ) -> None:
         self.threads = threads
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)
@@ -85,7 +92,8 @@ class HFRolloutEngine:
         self._stop_tables: dict[tuple[str, ...], torch.Tensor] = {}
         self.backend: _Backend
         if fused and fusable(self.model):
-            self.backend = FusedLlamaBackend(self.model, share_prefix, pack_weights)
+            cache_bytes = prefix_cache_mib * 2**20
+            self.backend = FusedLlamaBackend(self.model, share_prefix, pack_weights, cache_bytes)
         else:
             self.backend = HFCacheBackend(self.model, self.pad_id, self.device)
 
@@ -161,8 +169,10 @@ class HFRolloutEngine:
             for row in done:
                 lengths[int(live[row])] = step + 1
             if step == params.max_new_tokens - 1 or len(done) == len(live):
+                self.backend.retire(list(range(len(live))))
                 break
             if done:
+                self.backend.retire(done)
                 keep = torch.ones(len(live), dtype=torch.bool)
                 keep[done] = False
                 live, new = live[keep], new[keep.to(new.device)]

@@ -34,6 +34,9 @@ class HFCacheBackend:
     def weights_changed(self) -> None:
         pass  # the model's own forward reads its parameters directly
 
+    def retire(self, rows: list[int]) -> None:
+        pass  # nothing is kept across calls on this path
+
     def release(self) -> None:
         self.cache = self.mask = self.next_pos = None
 

@@ -27,16 +27,17 @@ def common_prefix(prompts: list[list[int]]) -> int:
     return n
 
 
-def chunks(prompts: list[list[int]], shared: int) -> Iterator[list[int]]:
-    """Consecutive row ranges whose padded suffixes fit `_PREFILL_TOKENS` (rows come sorted by
-    length, see `plan`, so a chunk pads little)."""
+def chunks(lengths: list[int]) -> Iterator[list[int]]:
+    """Consecutive row ranges whose tokens to prefill (`lengths` per row), padded to the
+    range's longest, fit `_PREFILL_TOKENS` (rows come sorted by length, see `plan`, so a chunk
+    pads little)."""
     rows: list[int] = []
     width = 0
-    for row, prompt in enumerate(prompts):
-        need = max(width, len(prompt) - shared)
+    for row, length in enumerate(lengths):
+        need = max(width, length)
         if rows and need * (len(rows) + 1) > _PREFILL_TOKENS:
             yield rows
-            rows, need = [], len(prompt) - shared
+            rows, need = [], length
         rows.append(row)
         width = need
     yield rows
