@@ -18,6 +18,7 @@ from agent_core.core.results import RunHandle, ShardResult
 from agent_core.core.run_folder import newest_policy, policy_weights, shard_files
 from agent_core.replay.schema import steps_to_table
 from agent_core.replay.store import partition_info, write_ipc
+from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.rollout.shard import shard_count, shard_tasks
 from configs.run_config import RunConfig
@@ -59,6 +60,10 @@ def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill
     with live.engine_use(run_dir):  # no other thread swaps the weights while this samples
         version = sampling_policy(cfg, run, iteration)
         engine = live.rollout_engine(cfg, run_dir, version, policy_weights(run, version))
+        if isinstance(engine, HFRolloutEngine):
+            # the prefix cache holds only this shard's own turns: its rows do not depend on
+            # which shards the same engine ran before (rollout workers, the flow's process)
+            engine.clear_prefix_cache()
         refresh = None
         if cfg.overlap.max_staleness > 0 and cfg.overlap.partial_rollouts:
 

@@ -1,8 +1,9 @@
 """The hf engine's prefix cache on a tiny random Llama: an episode's next turn prefills only
 its new tokens and samples what an engine without the cache samples (log-probs equal to HF's
 own forward over the whole sequence); hits and misses of different lengths share a batch and
-its prefill chunks; new weights empty the cache; the byte budget evicts the least recently
-used sequence; a sequence never enters twice; `rollout.prefix_cache_mib` sizes it."""
+its prefill chunks; new weights and `clear_prefix_cache` empty the cache; the byte budget
+evicts the least recently used sequence; a sequence never enters twice;
+`rollout.prefix_cache_mib` sizes it."""
 
 from __future__ import annotations
 
@@ -119,6 +120,18 @@ def test_new_weights_empty_the_cache(tiny_model_dir, first_prompts) -> None:
     assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
     for gen, ref in zip(gens, reference, strict=True):
         assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
+def test_clearing_the_cache_leaves_nothing_to_reuse(tiny_model_dir, first_prompts) -> None:
+    """What `run_shard` does before each shard: its rows then depend on its own turns only."""
+    cached = make(tiny_model_dir, 64)
+    turn1 = cached.generate(first_prompts, GREEDY)
+    cached.clear_prefix_cache()
+    assert not cached.backend.cache.entries and cached.backend.cache.bytes == 0
+    turn2 = [next_turn(cached, p, g) for p, g in zip(first_prompts, turn1, strict=True)]
+    before = cached.backend.reused_tokens
+    cached.generate(turn2, GREEDY)
+    assert cached.backend.reused_tokens == before
 
 
 def kv(tokens: int) -> torch.Tensor:

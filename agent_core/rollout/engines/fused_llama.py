@@ -145,6 +145,9 @@ class FusedLlamaBackend:
     def weights_changed(self) -> None:
         for linear in [self.lm_head, *(lin for layer in self.layers for lin in layer.linears())]:
             linear.repack()
+        self.forget()
+
+    def forget(self) -> None:
         if self.cache is not None:
             self.cache.clear()
 

@@ -47,6 +47,10 @@ class _Backend(Protocol):
         """Batch rows `rows` are finished: keep what a later call can reuse of them."""
         ...
 
+    def forget(self) -> None:
+        """Drop whatever is kept across calls."""
+        ...
+
     def weights_changed(self) -> None:
         """The model's parameters were overwritten in place (`load_state_dict`)."""
         ...
@@ -113,6 +117,12 @@ class HFRolloutEngine:
             self.model.load_state_dict(state_dict, strict=False)
             self.backend.weights_changed()
             self.policy_version = policy_version
+
+    def clear_prefix_cache(self) -> None:
+        """Forget earlier calls' keys and values: what follows samples as from a new engine
+        (a rollout shard's rows then depend only on its own turns, wherever it runs)."""
+        with self._lock:
+            self.backend.forget()
 
     @torch.inference_mode()
     def generate(

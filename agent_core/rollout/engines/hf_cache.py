@@ -37,6 +37,9 @@ class HFCacheBackend:
     def retire(self, rows: list[int]) -> None:
         pass  # nothing is kept across calls on this path
 
+    def forget(self) -> None:
+        pass  # nothing is kept across calls on this path
+
     def release(self) -> None:
         self.cache = self.mask = self.next_pos = None
 
