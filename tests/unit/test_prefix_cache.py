@@ -51,6 +51,13 @@ def hf_logprobs(engine: HFRolloutEngine, prompt: list[int], gen: Generation) -> 
     return logps.squeeze(-1).tolist()
 
 
+def assert_same(gens: list[Generation], reference: list[Generation]) -> None:
+    """The same ids, and log-probs equal up to float rounding."""
+    assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
+    for gen, ref in zip(gens, reference, strict=True):
+        assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
 @pytest.fixture
 def first_prompts(tiny_model_dir: Path) -> list[list[int]]:
     engine = make(tiny_model_dir, 0)
@@ -71,9 +78,8 @@ def test_next_turn_prefills_only_its_new_tokens_and_samples_the_same(
     new = len(encode(cached, NEXT)) + 1
     assert cached.backend.prefilled_tokens - before == new * len(turn2)
     reference = plain.generate(turn2, SAMPLED)
-    assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
-    for prompt, gen, ref in zip(turn2, gens, reference, strict=True):
-        assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    assert_same(gens, reference)
+    for prompt, gen in zip(turn2, gens, strict=True):
         assert gen.logprobs == pytest.approx(hf_logprobs(cached, prompt, gen), abs=1e-4)
 
 
@@ -101,9 +107,7 @@ def test_hits_and_misses_of_different_lengths_share_a_batch_and_its_chunks(
     assert cached.backend.reused_tokens - reused >= kept
     assert cached.backend.prefill_forwards - forwards == 2  # hits and window, then the miss
     reference = plain.generate(batch, GREEDY)
-    assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
-    for gen, ref in zip(gens, reference, strict=True):
-        assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    assert_same(gens, reference)
 
 
 def test_new_weights_empty_the_cache(tiny_model_dir, first_prompts) -> None:
@@ -117,9 +121,7 @@ def test_new_weights_empty_the_cache(tiny_model_dir, first_prompts) -> None:
     fresh.load_weights(state, policy_version=1)
     turn2 = [next_turn(cached, p, g) for p, g in zip(first_prompts, turn1, strict=True)]
     gens, reference = cached.generate(turn2, GREEDY), fresh.generate(turn2, GREEDY)
-    assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
-    for gen, ref in zip(gens, reference, strict=True):
-        assert gen.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    assert_same(gens, reference)
 
 
 def test_clearing_the_cache_leaves_nothing_to_reuse(tiny_model_dir, first_prompts) -> None:
