@@ -29,8 +29,7 @@ def common_prefix(prompts: list[list[int]]) -> int:
 
 def chunks(lengths: list[int]) -> Iterator[list[int]]:
     """Consecutive row ranges whose tokens to prefill (`lengths` per row), padded to the
-    range's longest, fit `_PREFILL_TOKENS` (rows come sorted by length, see `plan`, so a chunk
-    pads little)."""
+    range's longest, fit `_PREFILL_TOKENS` (pass the lengths sorted, so a chunk pads little)."""
     rows: list[int] = []
     width = 0
     for row, length in enumerate(lengths):
