@@ -8,8 +8,11 @@ The only module of agent_core that imports mlflow. All calls go through an expli
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import sqlite3
 import tempfile
 import time
 import warnings
@@ -21,6 +24,9 @@ import mlflow.data
 import polars as pl
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.store.db.utils import _get_latest_schema_revision
+from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
 from agent_core.core.files import atomic_write_text
 from agent_core.core.run_folder import MLFLOW_RUN_ID
@@ -29,6 +35,7 @@ from configs.tracking import TrackingSection
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 MAX_PARAM_CHARS = 6000
+_READY_STORES: set[str] = set()  # the URIs this process has prepared
 
 
 def tracking_uri(cfg: TrackingSection) -> str:
@@ -42,8 +49,80 @@ def tracking_uri(cfg: TrackingSection) -> str:
 
 
 def client_for(cfg: TrackingSection) -> MlflowClient:
-    """An MLflow client on the configured store."""
-    return MlflowClient(tracking_uri=tracking_uri(cfg))
+    """An MLflow client on the configured store (a local sqlite store is created whole first)."""
+    uri = tracking_uri(cfg)
+    if uri not in _READY_STORES:
+        _prepare_sqlite_store(uri)
+        _READY_STORES.add(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (relative or absolute); None for anything else."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    name = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if name in ("", ":memory:") else Path(name)
+
+
+def _prepare_sqlite_store(uri: str) -> None:
+    """Create a missing sqlite store whole, or refuse a half-created one with the fix.
+
+    MLflow creates its tables and then runs some seventy schema migrations, and on sqlite each
+    DDL statement commits on its own: a process killed in those seconds leaves a file that every
+    later open fails on ("duplicate column name"). So the store is built under a temp name and
+    renamed into place, under a lock on the folder so that concurrent first runs build it once
+    and none replaces a store another one already wrote to."""
+    path = _sqlite_file(uri)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not _tables(path):
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            if not _tables(path):  # missing or empty (no other process built it meanwhile)
+                _create_store(path)
+        finally:
+            os.close(folder)  # also releases the lock
+    _refuse_half_created(path)
+
+
+def _tables(path: Path) -> set[str]:
+    """The tables of the sqlite file at `path`; empty when it is missing or empty."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return set()
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _create_store(path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.creating")
+    tmp.unlink(missing_ok=True)  # left by a creator that was killed
+    store = SqlAlchemyStore(f"sqlite:///{tmp}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
+    store.engine.dispose()
+    os.replace(tmp, path)  # over nothing, or over an empty file
+
+
+def _refuse_half_created(path: Path) -> None:
+    """A store whose schema is short of MLflow's and that holds no run was cut off while being
+    created (by steprl before it built stores whole, or by another tool): say how to recover."""
+    tables = _tables(path)
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        version = (
+            db.execute("SELECT version_num FROM alembic_version").fetchone()
+            if "alembic_version" in tables
+            else None
+        )
+        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    if runs or (version and version[0] == _get_latest_schema_revision()):
+        return  # complete, or an older MLflow's store with runs: MLflow's own upgrade advice
+    raise RuntimeError(
+        f"The MLflow store {path} holds no runs and its schema is short of MLflow's "
+        f"({version[0] if version else 'none'}, not {_get_latest_schema_revision()}): most likely "
+        f"a process was killed while MLflow created it. Move it aside "
+        f"(mv {path} {path}.broken) and rerun: steprl then creates a new one."
+    )
 
 
 def _experiment_id(client: MlflowClient, cfg: TrackingSection) -> str:
