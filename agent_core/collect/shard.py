@@ -60,10 +60,12 @@ def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill
     with live.engine_use(run_dir):  # no other thread swaps the weights while this samples
         version = sampling_policy(cfg, run, iteration)
         engine = live.rollout_engine(cfg, run_dir, version, policy_weights(run, version))
+        counts = (0, 0)
         if isinstance(engine, HFRolloutEngine):
             # the prefix cache holds only this shard's own turns: its rows do not depend on
             # which shards the same engine ran before (rollout workers, the flow's process)
             engine.clear_prefix_cache()
+            counts = engine.prompt_token_counts()
         refresh = None
         if cfg.overlap.max_staleness > 0 and cfg.overlap.partial_rollouts:
 
@@ -74,7 +76,14 @@ def run_shard(cfg: RunConfig, run: RunHandle, iteration: int, shard: int, refill
 
         loop = make_loop(cfg, engine, seed=seed, refresh=refresh)
         meta = RolloutMeta(run.mlflow_run_id, iteration, version, cfg.env.name)
-        return loop.run(tasks, cfg.rollout.group_size, meta)
+        steps, stats = loop.run(tasks, cfg.rollout.group_size, meta)
+        if isinstance(engine, HFRolloutEngine):
+            prefilled, reused = engine.prompt_token_counts()
+            stats.prefilled_tokens, stats.cached_prompt_tokens = (
+                prefilled - counts[0],
+                reused - counts[1],
+            )
+        return steps, stats
 
 
 def collect_shard(
@@ -99,6 +108,8 @@ def collect_shard(
         generate_calls=stats.generate_calls,
         generated_tokens=stats.generated_tokens,
         prompt_tokens=stats.prompt_tokens,
+        prefilled_tokens=stats.prefilled_tokens,
+        cached_prompt_tokens=stats.cached_prompt_tokens,
         generate_seconds=stats.generate_seconds,
         seconds=time.perf_counter() - start,
         pid=os.getpid(),

@@ -44,6 +44,12 @@ class ShardResult(BaseModel):
     generate_calls: int
     generated_tokens: int
     prompt_tokens: int
+    prefilled_tokens: int = Field(
+        0, description="hf engine: prompt tokens its prefill ran (a batch's shared prefix once)."
+    )
+    cached_prompt_tokens: int = Field(
+        0, description="hf engine: prompt tokens whose keys and values its prefix cache held."
+    )
     generate_seconds: float
     seconds: float = Field(description="Wall seconds of the shard, its failed tries included.")
     pid: int = Field(0, description="Process that ran the shard (the flow's, or a worker's).")

@@ -42,6 +42,9 @@ class RolloutStats:
     generate_calls: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    # the hf engine's prefill: prompt tokens it ran, and those its prefix cache held (run_shard)
+    prefilled_tokens: int = 0
+    cached_prompt_tokens: int = 0
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     env_errors: int = 0

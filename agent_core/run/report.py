@@ -82,6 +82,8 @@ def iteration_metrics(
     """Every number MLflow records for one iteration."""
     gen_tokens = sum(s.generated_tokens for s in shards)
     gen_seconds = sum(s.generate_seconds for s in shards)
+    prefilled = sum(s.prefilled_tokens for s in shards)
+    cached = sum(s.cached_prompt_tokens for s in shards)
     metrics = dict(scored.metrics)
     timings = {k: v for k, v in upd.metrics.items() if k.endswith("seconds")}
     metrics |= {f"actor/{k}": v for k, v in upd.metrics.items() if k not in timings}
@@ -91,6 +93,10 @@ def iteration_metrics(
         "rollout/generate_calls": float(sum(s.generate_calls for s in shards)),
         "rollout/generated_tokens": float(gen_tokens),
         "rollout/prompt_tokens": float(sum(s.prompt_tokens for s in shards)),
+        "rollout/prefilled_tokens": float(prefilled),
+        "rollout/prefix_cache_tokens": float(cached),
+        # of the prompt tokens prefill needed, the share the prefix cache held
+        "rollout/prefix_cache_share": cached / (cached + prefilled) if cached + prefilled else 0.0,
         "throughput/generated_tokens_per_s": gen_tokens / gen_seconds if gen_seconds else 0.0,
         "throughput/trained_tokens_per_s": upd.metrics.get("trained_tokens", 0.0)
         / max(upd.metrics.get("seconds", 0.0), 1e-9),

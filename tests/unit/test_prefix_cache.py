@@ -3,7 +3,8 @@ its new tokens and samples what an engine without the cache samples (log-probs e
 own forward over the whole sequence); hits and misses of different lengths share a batch and
 its prefill chunks; new weights and `clear_prefix_cache` empty the cache; the byte budget
 evicts the least recently used sequence; a sequence never enters twice;
-`rollout.prefix_cache_mib` sizes it."""
+`rollout.prefix_cache_mib` sizes it; a rollout shard reports what prefill ran and what the cache
+held, and the iteration's metrics the cache's share."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent_core.collect.shard import run_shard
+from agent_core.config.load import load_config
+from agent_core.core.results import (
+    PartitionResult,
+    RunHandle,
+    ScoreResult,
+    ShardResult,
+    UpdateResult,
+)
 from agent_core.rollout.build import hf_engine
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.engines import prefill
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.engines.prefix_cache import PrefixCache
+from agent_core.run.report import iteration_metrics
 from configs.run_config import RunConfig
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -171,3 +182,60 @@ def test_the_rollout_config_sizes_the_cache(tiny_model_dir) -> None:
     assert default.backend.cache.budget_bytes == 1024 * 2**20
     off = RunConfig.model_validate({"rollout": {"prefix_cache_mib": 0}})
     assert hf_engine(off, tiny_model_dir).backend.cache is None
+
+
+@pytest.mark.parametrize("mib", [64, 0])
+def test_a_shard_counts_what_prefill_ran_and_what_the_cache_held(
+    tiny_model_dir, tmp_path, mib
+) -> None:
+    """A multi-turn shard (numberline, full history) reports its prefill's two counts, and the
+    iteration's metrics turn them into the cache's share."""
+    cfg = load_config(
+        "smoke",
+        [
+            f"model.path={tiny_model_dir}",
+            "env.name=numberline",
+            "env.max_steps=3",
+            f"rollout.prefix_cache_mib={mib}",
+        ],
+    )
+    run = RunHandle(
+        run_dir=str(tmp_path),
+        mlflow_run_id="",
+        base_model=str(tiny_model_dir),
+        start_iteration=1,
+        iterations=1,
+    )
+    steps, stats = run_shard(cfg, run, 1, 0)
+    assert max(s.step_index for s in steps) >= 1, "the shard needs a second turn"
+    assert stats.prefilled_tokens > 0
+    if mib:
+        assert stats.cached_prompt_tokens > 0
+    else:
+        assert stats.cached_prompt_tokens == 0
+    shard = ShardResult(
+        iteration=1,
+        shard=0,
+        path="",
+        episodes=stats.episodes,
+        steps=stats.steps,
+        generate_calls=stats.generate_calls,
+        generated_tokens=stats.generated_tokens,
+        prompt_tokens=stats.prompt_tokens,
+        prefilled_tokens=stats.prefilled_tokens,
+        cached_prompt_tokens=stats.cached_prompt_tokens,
+        generate_seconds=stats.generate_seconds,
+        seconds=1.0,
+    )
+    metrics = iteration_metrics(
+        [shard, shard],
+        ScoreResult(iteration=1, path="", steps=0, trajectories=0, metrics={}, seconds=0.0),
+        PartitionResult(iteration=1, path="", rows=0, sha256="", seconds=0.0),
+        UpdateResult(iteration=1, policy_version=1, checkpoint="", metrics={}, seconds=0.0),
+    )
+    assert metrics["rollout/prefilled_tokens"] == 2 * stats.prefilled_tokens
+    assert metrics["rollout/prefix_cache_tokens"] == 2 * stats.cached_prompt_tokens
+    total = stats.prefilled_tokens + stats.cached_prompt_tokens
+    assert metrics["rollout/prefix_cache_share"] == pytest.approx(
+        stats.cached_prompt_tokens / total
+    )

@@ -31,6 +31,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class _Backend(Protocol):
     """A batch of sequences in a KV cache: prefill, one decoding step, keep some rows."""
 
+    prefilled_tokens: int  # prompt tokens run through prefill forwards so far
+    reused_tokens: int  # prompt tokens whose keys and values came from earlier calls so far
+
     def prefill(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
         """Start one cache row per prompt; return next-token logits [N, V]."""
         ...
@@ -117,6 +120,11 @@ class HFRolloutEngine:
             self.model.load_state_dict(state_dict, strict=False)
             self.backend.weights_changed()
             self.policy_version = policy_version
+
+    def prompt_token_counts(self) -> tuple[int, int]:
+        """Prompt tokens so far that prefill ran, and that it took from the prefix cache."""
+        with self._lock:
+            return self.backend.prefilled_tokens, self.backend.reused_tokens
 
     def clear_prefix_cache(self) -> None:
         """Forget earlier calls' keys and values: what follows samples as from a new engine

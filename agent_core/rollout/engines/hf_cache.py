@@ -13,9 +13,12 @@ class HFCacheBackend:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
         self.model, self.pad_id, self.device = model, pad_id, device
+        self.prefilled_tokens = 0  # prompt tokens run through prefill forwards
+        self.reused_tokens = 0  # nothing is kept across calls on this path
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
         ids, self.mask = _left_pad(prompts, self.pad_id, self.device)
+        self.prefilled_tokens += sum(len(p) for p in prompts)
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache()
         self.next_pos = positions[:, -1] + 1
