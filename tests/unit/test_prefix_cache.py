@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_core.collect.shard import run_shard
+from agent_core.collect.shard import collect_shard
 from agent_core.config.load import load_config
 from agent_core.core.results import (
     PartitionResult,
     RunHandle,
     ScoreResult,
-    ShardResult,
     UpdateResult,
 )
+from agent_core.replay.schema import table_to_steps
+from agent_core.replay.store import read_ipc
 from agent_core.rollout.build import hf_engine
 from agent_core.rollout.engine import Generation, SamplingParams
 from agent_core.rollout.engines import prefill
@@ -206,36 +207,23 @@ def test_a_shard_counts_what_prefill_ran_and_what_the_cache_held(
         start_iteration=1,
         iterations=1,
     )
-    steps, stats = run_shard(cfg, run, 1, 0)
+    shard = collect_shard(cfg, run, 1, 0)  # runs the shard and stages its rows
+    steps = table_to_steps(read_ipc(Path(shard.path)))
     assert max(s.step_index for s in steps) >= 1, "the shard needs a second turn"
-    assert stats.prefilled_tokens > 0
+    assert shard.prefilled_tokens > 0
     if mib:
-        assert stats.cached_prompt_tokens > 0
+        assert shard.cached_prompt_tokens > 0
     else:
-        assert stats.cached_prompt_tokens == 0
-    shard = ShardResult(
-        iteration=1,
-        shard=0,
-        path="",
-        episodes=stats.episodes,
-        steps=stats.steps,
-        generate_calls=stats.generate_calls,
-        generated_tokens=stats.generated_tokens,
-        prompt_tokens=stats.prompt_tokens,
-        prefilled_tokens=stats.prefilled_tokens,
-        cached_prompt_tokens=stats.cached_prompt_tokens,
-        generate_seconds=stats.generate_seconds,
-        seconds=1.0,
-    )
+        assert shard.cached_prompt_tokens == 0
     metrics = iteration_metrics(
         [shard, shard],
         ScoreResult(iteration=1, path="", steps=0, trajectories=0, metrics={}, seconds=0.0),
         PartitionResult(iteration=1, path="", rows=0, sha256="", seconds=0.0),
         UpdateResult(iteration=1, policy_version=1, checkpoint="", metrics={}, seconds=0.0),
     )
-    assert metrics["rollout/prefilled_tokens"] == 2 * stats.prefilled_tokens
-    assert metrics["rollout/prefix_cache_tokens"] == 2 * stats.cached_prompt_tokens
-    total = stats.prefilled_tokens + stats.cached_prompt_tokens
+    assert metrics["rollout/prefilled_tokens"] == 2 * shard.prefilled_tokens
+    assert metrics["rollout/prefix_cache_tokens"] == 2 * shard.cached_prompt_tokens
+    total = shard.prefilled_tokens + shard.cached_prompt_tokens
     assert metrics["rollout/prefix_cache_share"] == pytest.approx(
-        stats.cached_prompt_tokens / total
+        shard.cached_prompt_tokens / total
     )
