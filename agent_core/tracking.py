@@ -92,8 +92,15 @@ def _tables(path: Path) -> set[str]:
     """The tables of the sqlite file at `path`; empty when it is missing or empty."""
     if not path.is_file() or path.stat().st_size == 0:
         return set()
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-        return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+    except sqlite3.DatabaseError as err:
+        raise RuntimeError(
+            f"The MLflow store {path} is not an sqlite database ({err}): point "
+            "tracking.tracking_uri at another file, or move this one aside"
+        ) from err
+    return {row[0] for row in rows}
 
 
 def _create_store(path: Path) -> None:
@@ -108,7 +115,7 @@ def _refuse_half_created(path: Path) -> None:
     """A store whose schema is short of MLflow's and that holds no run was cut off while being
     created (by steprl before it built stores whole, or by another tool): say how to recover."""
     tables = _tables(path)
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         version = (
             db.execute("SELECT version_num FROM alembic_version").fetchone()
             if "alembic_version" in tables

@@ -105,6 +105,19 @@ def test_a_half_built_store_is_refused_with_the_fix(
     assert _runs(db) == ["r"]
 
 
+def test_a_file_that_is_not_a_database_is_named_in_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "mlflow.db"
+    db.write_text("these are notes, not a database\n" * 100)
+    cfg = TrackingSection(tracking_uri=f"sqlite:///{db}", experiment="t")
+    with pytest.raises(RuntimeError, match="is not an sqlite database") as refused:
+        tracking.client_for(cfg)
+    assert str(db) in str(refused.value) and "tracking.tracking_uri" in str(refused.value)
+    assert db.read_text().startswith("these are notes"), "the file must be left as it was"
+
+
 def test_an_empty_file_becomes_a_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     db = tmp_path / "mlflow.db"
