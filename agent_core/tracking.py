@@ -77,30 +77,52 @@ def _prepare_sqlite_store(uri: str) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not _tables(path):
+    state = _store_state(path)
+    if state is None:
         folder = os.open(path.parent, os.O_RDONLY)
         try:
             fcntl.flock(folder, fcntl.LOCK_EX)
-            if not _tables(path):  # missing or empty (no other process built it meanwhile)
+            state = _store_state(path)  # another process may have built it meanwhile
+            if state is None:
                 _create_store(path)
+                return
         finally:
             os.close(folder)  # also releases the lock
-    _refuse_half_created(path)
+    version, runs = state
+    head = _get_latest_schema_revision()
+    if runs or version == head:
+        return  # complete, or an older MLflow's store with runs: MLflow's own upgrade advice
+    # short of MLflow's schema and no run: cut off while being created (by steprl before it
+    # built stores whole, or by another tool)
+    raise RuntimeError(
+        f"The MLflow store {path} holds no runs and its schema is short of MLflow's "
+        f"({version or 'none'}, not {head}): most likely a process was killed while MLflow "
+        f"created it. Move it aside (mv {path} {path}.broken) and rerun: steprl then creates "
+        "a new one."
+    )
 
 
-def _tables(path: Path) -> set[str]:
-    """The tables of the sqlite file at `path`; empty when it is missing or empty."""
+def _store_state(path: Path) -> tuple[str | None, int] | None:
+    """The sqlite file's MLflow schema version and run count, in one read; None when the file
+    is missing or holds no table (an empty file)."""
     if not path.is_file() or path.stat().st_size == 0:
-        return set()
+        return None
     try:
         with contextlib.closing(sqlite3.connect(path)) as db:
-            rows = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables:
+                return None
+            version = None
+            if "alembic_version" in tables:
+                row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+                version = row[0] if row else None
+            runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
     except sqlite3.DatabaseError as err:
         raise RuntimeError(
             f"The MLflow store {path} is not an sqlite database ({err}): point "
             "tracking.tracking_uri at another file, or move this one aside"
         ) from err
-    return {row[0] for row in rows}
+    return version, runs
 
 
 def _create_store(path: Path) -> None:
@@ -109,27 +131,6 @@ def _create_store(path: Path) -> None:
     store = SqlAlchemyStore(f"sqlite:///{tmp}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
     store.engine.dispose()
     os.replace(tmp, path)  # over nothing, or over an empty file
-
-
-def _refuse_half_created(path: Path) -> None:
-    """A store whose schema is short of MLflow's and that holds no run was cut off while being
-    created (by steprl before it built stores whole, or by another tool): say how to recover."""
-    tables = _tables(path)
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        version = (
-            db.execute("SELECT version_num FROM alembic_version").fetchone()
-            if "alembic_version" in tables
-            else None
-        )
-        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
-    if runs or (version and version[0] == _get_latest_schema_revision()):
-        return  # complete, or an older MLflow's store with runs: MLflow's own upgrade advice
-    raise RuntimeError(
-        f"The MLflow store {path} holds no runs and its schema is short of MLflow's "
-        f"({version[0] if version else 'none'}, not {_get_latest_schema_revision()}): most likely "
-        f"a process was killed while MLflow created it. Move it aside "
-        f"(mv {path} {path}.broken) and rerun: steprl then creates a new one."
-    )
 
 
 def _experiment_id(client: MlflowClient, cfg: TrackingSection) -> str:
