@@ -60,6 +60,15 @@ class AlgorithmSection(Section):
         "gamma-discounted return from step 0 (steprl's earlier variant). The step-level term "
         "always uses discounted step returns.",
     )
+    gigpo_episode_baseline: Literal["group", "state"] = Field(
+        "group",
+        description="'gigpo': what the episode-level term's return is centred on. 'group' = the "
+        "mean over the trajectories of the episode group, as in the GiGPO paper and verl-agent; "
+        "'state' = per step, the mean over the group's steps at the step's anchor state (every "
+        "visit counted; the group's mean where the step is the state's only one), so the "
+        "episode terms of a state's steps sum to 0: a state that failing trajectories keep "
+        "returning to (after a blocked move, say) is not pushed down as a whole.",
+    )
 
     @model_validator(mode="after")
     def _kl_coef_is_read(self) -> AlgorithmSection:

@@ -36,6 +36,10 @@ class AdvantageOptions:
     # gigpo: the episode term's return: "undiscounted" (the paper, verl-agent) = the sum of the
     # trajectory's rewards; "discounted" = its gamma-discounted return from step 0
     gigpo_episode_return: str = "undiscounted"
+    # gigpo: the episode term's baseline: "group" (the paper, verl-agent) = the mean episode
+    # return of the step's episode group; "state" = the mean over the group's steps at the
+    # step's anchor state (the group's mean where it is the state's only step)
+    gigpo_episode_baseline: str = "group"
     # grpo: divide the group-centred advantages by their std over the whole batch (one scale
     # for every group, so no group's small reward differences are blown up to full size)
     batch_std: bool = False
@@ -230,6 +234,25 @@ def anchor_groups(arrays: StepArrays) -> np.ndarray:
 
 
 GIGPO_EPISODE_RETURNS = ("undiscounted", "discounted")
+GIGPO_EPISODE_BASELINES = ("group", "state")
+
+
+def state_baselined(
+    episode: np.ndarray,
+    by_group: np.ndarray,
+    step_ids: np.ndarray,
+    arrays: StepArrays,
+    options: AdvantageOptions,
+) -> np.ndarray:
+    """The episode term per step [N] against a per-state baseline: each step's episode return
+    (`episode` [T], of its trajectory) centred (and divided by std + epsilon when
+    `norm_by_std`) over the steps of its anchor group `step_ids` [N], every visit counted, so
+    the terms of a state's steps sum to 0 and no state is pushed up or down as a whole for
+    lying on failing (or winning) paths. A state with one step keeps its group's term
+    `by_group` [T]; a state whose steps' returns are equal adds 0."""
+    centred, _ = group_normalise(episode[arrays.trajectory], step_ids, options)
+    visits = np.bincount(step_ids)[step_ids]
+    return np.where(visits >= 2, centred, by_group[arrays.trajectory])
 
 
 def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
@@ -237,22 +260,34 @@ def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
 
     A_episode: the trajectory's episode return R = sum of its rewards (undiscounted, as in the
     paper; `gigpo_episode_return="discounted"` uses G_0 instead), normalised like grpo over
-    the trajectories of its episode group. A_step: the step's discounted return G_t normalised
-    among the steps of its episode group that share its anchor state (the score phase passes
-    `step_anchor`: the env's key, else the prompt). Episode groups of one, anchor groups of
-    one, and groups of equal scores add 0. `returns` are the G_t."""
+    the trajectories of its episode group (`gigpo_episode_baseline="state"`: over the
+    group's steps at the step's anchor state, `state_baselined`). A_step: the step's
+    discounted return G_t normalised among the steps of its episode group that share its
+    anchor state (the score phase passes `step_anchor`: the env's key, else the prompt).
+    Episode groups of one, anchor groups of one, and groups of equal scores add 0. `returns`
+    are the G_t."""
     if options.gigpo_episode_return not in GIGPO_EPISODE_RETURNS:
         raise ValueError(
             f"gigpo_episode_return={options.gigpo_episode_return!r}: choose one of "
             f"{', '.join(GIGPO_EPISODE_RETURNS)}"
         )
+    if options.gigpo_episode_baseline not in GIGPO_EPISODE_BASELINES:
+        raise ValueError(
+            f"gigpo_episode_baseline={options.gigpo_episode_baseline!r}: choose one of "
+            f"{', '.join(GIGPO_EPISODE_BASELINES)}"
+        )
     step_ids = anchor_groups(arrays)
     returns = discounted_returns(arrays, options.gamma)
     groups = trajectory_groups(arrays)
     discount = options.gamma if options.gigpo_episode_return == "discounted" else None
-    episode_adv, flat = group_normalise(episode_returns(arrays, discount), groups, options)
+    episode = episode_returns(arrays, discount)
+    episode_adv, flat = group_normalise(episode, groups, options)
+    if options.gigpo_episode_baseline == "state":
+        episode_term = state_baselined(episode, episode_adv, step_ids, arrays, options)
+    else:
+        episode_term = episode_adv[arrays.trajectory]
     step_adv, _ = group_normalise(returns, step_ids, options)
-    advantages = episode_adv[arrays.trajectory] + options.step_advantage_weight * step_adv
+    advantages = episode_term + options.step_advantage_weight * step_adv
     n_groups = int(groups.max()) + 1 if groups.size else 0
     return AdvantageResult(returns, advantages, flat, n_groups)
 

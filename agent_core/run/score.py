@@ -88,6 +88,7 @@ def _estimate(
         whiten_advantages=algo.whiten_advantages,
         step_advantage_weight=algo.step_advantage_weight,
         gigpo_episode_return=algo.gigpo_episode_return,
+        gigpo_episode_baseline=algo.gigpo_episode_baseline,
     )
     result = resolve("estimator", algo.estimator, ESTIMATORS)(arrays, options)
     for i, (step, ret, adv) in enumerate(

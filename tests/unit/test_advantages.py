@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -145,10 +146,17 @@ def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], lis
         members.setdefault(rows[idxs[0]]["group"], {})[t] = episode_return
     by_traj = ref_normalise(members, opts)
     episode_adv = [by_traj[r["traj"]] for r in rows]
+    episode_of = {t: v for scores in members.values() for t, v in scores.items()}
     members = {}
     for i, row in enumerate(rows):
         key = (row["group"], row["anchor"]) if row["anchor"] is not None else ("alone", i)
         members.setdefault(key, {})[i] = returns[i]
+    if opts.gigpo_episode_baseline == "state":  # centred over the state's steps
+        for m in members.values():
+            if len(m) > 1:
+                state = ref_normalise({0: {i: episode_of[rows[i]["traj"]] for i in m}}, opts)
+                for i in m:
+                    episode_adv[i] = state[i]
     step_adv = ref_normalise(members, opts)
     adv = [episode_adv[i] + opts.step_advantage_weight * step_adv[i] for i in range(len(rows))]
     return returns, adv
@@ -245,6 +253,7 @@ def random_options(rng: np.random.Generator) -> AdvantageOptions:
         whiten_advantages=bool(rng.random() < 0.7),
         step_advantage_weight=float(rng.uniform(0.0, 2.0)),
         gigpo_episode_return=["undiscounted", "discounted"][rng.integers(2)],
+        gigpo_episode_baseline=["group", "state"][rng.integers(2)],
     )
 
 
@@ -438,6 +447,39 @@ def test_gigpo_episode_return_is_undiscounted_by_default() -> None:
     np.testing.assert_allclose(discounted.advantages, [-0.125, -0.125, -0.125, 0.125])  # G_0
     with pytest.raises(ValueError, match="undiscounted, discounted"):
         ESTIMATORS["gigpo"](arrays, AdvantageOptions(gigpo_episode_return="gamma"))
+
+
+def test_gigpo_state_baseline_by_hand() -> None:
+    # one group, Dr. GRPO centring, gamma 1. Episode returns: a 1 (states s0, s1, s2), b 0
+    # (s0, s1, s1, s1: three blocked moves), c 0 (s0, s3). Group mean 1/3. The state
+    # baseline, over the state's steps: s0 (a, b, c) 1/3; s1 (a, b, b, b) 1/4; s2 and s3 have
+    # one step each and keep the group's mean 1/3
+    arrays = _arrays(
+        ["g"] * 9,
+        ["a", "a", "a", "b", "b", "b", "b", "c", "c"],
+        [0, 1, 2, 0, 1, 2, 3, 0, 1],
+        [0, 0, 1, 0, 0, 0, 0, 0, 0],
+        anchor=["s0", "s1", "s2", "s0", "s1", "s1", "s1", "s0", "s3"],
+    )
+    opts = AdvantageOptions(norm_by_std=False, step_advantage_weight=0.0)
+    paper = ESTIMATORS["gigpo"](arrays, opts)
+    third = 1 / 3
+    np.testing.assert_allclose(paper.advantages, [2 * third] * 3 + [-third] * 6)
+    state = ESTIMATORS["gigpo"](arrays, replace(opts, gigpo_episode_baseline="state"))
+    want = [2 * third, 0.75, 2 * third, -third, -0.25, -0.25, -0.25, -third, -third]
+    np.testing.assert_allclose(state.advantages, want)
+    # s1's terms sum to 0 (0.75 - 3 * 0.25); under the paper's baseline they sum to -1/3
+    assert abs(sum(state.advantages[[1, 4, 5, 6]])) < 1e-12
+    # the step term is the paper's either way
+    both = replace(opts, step_advantage_weight=1.0)
+    np.testing.assert_allclose(
+        ESTIMATORS["gigpo"](arrays, replace(both, gigpo_episode_baseline="state")).advantages
+        - np.array(want),
+        ESTIMATORS["gigpo"](arrays, both).advantages - paper.advantages,
+        atol=1e-12,
+    )
+    with pytest.raises(ValueError, match="group, state"):
+        ESTIMATORS["gigpo"](arrays, replace(opts, gigpo_episode_baseline="anchor"))
 
 
 # ---------------------------------------------------------------- needs
