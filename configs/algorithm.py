@@ -70,6 +70,25 @@ class AlgorithmSection(Section):
         "returning to (after a blocked move, say) is not pushed down as a whole.",
     )
 
+    gigpo_centring: Literal["count", "loss"] = Field(
+        "count",
+        description="'gigpo': how its means weigh the steps. 'count' = every step (and every "
+        "trajectory of a group) alike, as in the GiGPO paper and verl-agent; 'loss' = as "
+        "trainer.loss_agg_mode weighs them in the loss, so a state's advantages (and with "
+        "gigpo_episode_baseline='state' its episode terms) sum to 0 under the loss's weights "
+        "and the update pushes no state's sampled tokens up or down as a whole. Centring "
+        "only: needs norm_by_std=false.",
+    )
+
+    @model_validator(mode="after")
+    def _loss_centring_centres_only(self) -> AlgorithmSection:
+        if self.gigpo_centring == "loss" and self.norm_by_std:
+            raise ValueError(
+                "algorithm.gigpo_centring='loss' subtracts loss-weighted means and divides by "
+                "no std: set algorithm.norm_by_std=false, or algorithm.gigpo_centring=count"
+            )
+        return self
+
     @model_validator(mode="after")
     def _kl_coef_is_read(self) -> AlgorithmSection:
         if self.kl_coef > 0 and self.estimator in GROUP_ESTIMATORS:  # they ignore kl_coef

@@ -40,6 +40,10 @@ class AdvantageOptions:
     # return of the step's episode group; "state" = the mean over the group's steps at the
     # step's anchor state (the group's mean where it is the state's only step)
     gigpo_episode_baseline: str = "group"
+    # gigpo: "count" (the paper) = each state's (and group's) mean over its steps; "loss" =
+    # weighted as the loss weighs the steps (StepArrays.weight), so a state's advantages sum
+    # to 0 under the loss's weights (centring only: not with norm_by_std)
+    gigpo_centring: str = "count"
     # grpo: divide the group-centred advantages by their std over the whole batch (one scale
     # for every group, so no group's small reward differences are blown up to full size)
     batch_std: bool = False
@@ -82,6 +86,20 @@ def group_normalise(
         # flat groups are zeroed below; dividing them by 1 avoids 0/0 when epsilon is 0
         centred = centred / np.where(flat, 1.0, std + options.epsilon)[groups]
     return np.where(flat[groups], 0.0, centred), int(np.sum(flat))
+
+
+def weighted_centre(
+    scores: np.ndarray, groups: np.ndarray, weights: np.ndarray, epsilon: float
+) -> np.ndarray:
+    """`scores` [K] minus their `weights`-weighted mean within their group `groups` [K];
+    members of a group of one, or of equal scores (std <= `epsilon`), get 0, as in
+    `group_normalise`."""
+    _, std, size = group_stats(scores, groups)
+    total = np.bincount(groups, weights=weights, minlength=size.size)
+    weighted = np.bincount(groups, weights=weights * scores, minlength=size.size)
+    mean = weighted / np.where(total > 0, total, 1.0)
+    flat = (size < 2) | (std <= epsilon)
+    return np.where(flat[groups], 0.0, scores - mean[groups])
 
 
 def whiten(values: np.ndarray, epsilon: float) -> np.ndarray:
@@ -235,6 +253,34 @@ def anchor_groups(arrays: StepArrays) -> np.ndarray:
 
 GIGPO_EPISODE_RETURNS = ("undiscounted", "discounted")
 GIGPO_EPISODE_BASELINES = ("group", "state")
+GIGPO_CENTRINGS = ("count", "loss")
+
+
+def _check_gigpo_options(arrays: StepArrays, options: AdvantageOptions) -> np.ndarray | None:
+    """Refuse unknown gigpo options; returns the steps' loss weights under loss centring."""
+    for name, allowed in (
+        ("gigpo_episode_return", GIGPO_EPISODE_RETURNS),
+        ("gigpo_episode_baseline", GIGPO_EPISODE_BASELINES),
+        ("gigpo_centring", GIGPO_CENTRINGS),
+    ):
+        if getattr(options, name) not in allowed:
+            raise ValueError(
+                f"{name}={getattr(options, name)!r}: choose one of {', '.join(allowed)}"
+            )
+    if options.gigpo_centring == "count":
+        return None
+    if options.norm_by_std:
+        raise ValueError("gigpo_centring='loss' centres only: it needs norm_by_std=False")
+    return _require(arrays, "weight", "gigpo")
+
+
+def _centre(
+    scores: np.ndarray, groups: np.ndarray, weights: np.ndarray | None, options: AdvantageOptions
+) -> np.ndarray:
+    """`group_normalise` (count centring) or `weighted_centre` (loss centring)."""
+    if weights is None:
+        return group_normalise(scores, groups, options)[0]
+    return weighted_centre(scores, groups, weights, options.epsilon)
 
 
 def state_baselined(
@@ -243,14 +289,16 @@ def state_baselined(
     step_ids: np.ndarray,
     arrays: StepArrays,
     options: AdvantageOptions,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """The episode term per step [N] against a per-state baseline: each step's episode return
     (`episode` [T], of its trajectory) centred (and divided by std + epsilon when
-    `norm_by_std`) over the steps of its anchor group `step_ids` [N], every visit counted, so
-    the terms of a state's steps sum to 0 and no state is pushed up or down as a whole for
-    lying on failing (or winning) paths. A state with one step keeps its group's term
-    `by_group` [T]; a state whose steps' returns are equal adds 0."""
-    centred, _ = group_normalise(episode[arrays.trajectory], step_ids, options)
+    `norm_by_std`) over the steps of its anchor group `step_ids` [N], every visit counted
+    (weighted by the steps' loss `weights` when given), so the terms of a state's steps sum to
+    0 and no state is pushed up or down as a whole for lying on failing (or winning) paths. A
+    state with one step keeps its group's term `by_group` [T]; a state whose steps' returns
+    are equal adds 0."""
+    centred = _centre(episode[arrays.trajectory], step_ids, weights, options)
     visits = np.bincount(step_ids)[step_ids]
     return np.where(visits >= 2, centred, by_group[arrays.trajectory])
 
@@ -264,29 +312,24 @@ def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     group's steps at the step's anchor state, `state_baselined`). A_step: the step's
     discounted return G_t normalised among the steps of its episode group that share its
     anchor state (the score phase passes `step_anchor`: the env's key, else the prompt).
-    Episode groups of one, anchor groups of one, and groups of equal scores add 0. `returns`
-    are the G_t."""
-    if options.gigpo_episode_return not in GIGPO_EPISODE_RETURNS:
-        raise ValueError(
-            f"gigpo_episode_return={options.gigpo_episode_return!r}: choose one of "
-            f"{', '.join(GIGPO_EPISODE_RETURNS)}"
-        )
-    if options.gigpo_episode_baseline not in GIGPO_EPISODE_BASELINES:
-        raise ValueError(
-            f"gigpo_episode_baseline={options.gigpo_episode_baseline!r}: choose one of "
-            f"{', '.join(GIGPO_EPISODE_BASELINES)}"
-        )
+    Episode groups of one, anchor groups of one, and groups of equal scores add 0.
+    `gigpo_centring="loss"`: every mean is weighted as the loss weighs the steps
+    (`arrays.weight`; a trajectory weighs its steps' sum). `returns` are the G_t."""
+    weights = _check_gigpo_options(arrays, options)
     step_ids = anchor_groups(arrays)
     returns = discounted_returns(arrays, options.gamma)
     groups = trajectory_groups(arrays)
     discount = options.gamma if options.gigpo_episode_return == "discounted" else None
     episode = episode_returns(arrays, discount)
     episode_adv, flat = group_normalise(episode, groups, options)
+    if weights is not None:
+        per_trajectory = np.bincount(arrays.trajectory, weights=weights, minlength=groups.size)
+        episode_adv = weighted_centre(episode, groups, per_trajectory, options.epsilon)
     if options.gigpo_episode_baseline == "state":
-        episode_term = state_baselined(episode, episode_adv, step_ids, arrays, options)
+        episode_term = state_baselined(episode, episode_adv, step_ids, arrays, options, weights)
     else:
         episode_term = episode_adv[arrays.trajectory]
-    step_adv, _ = group_normalise(returns, step_ids, options)
+    step_adv = _centre(returns, step_ids, weights, options)
     advantages = episode_term + options.step_advantage_weight * step_adv
     n_groups = int(groups.max()) + 1 if groups.size else 0
     return AdvantageResult(returns, advantages, flat, n_groups)

@@ -21,7 +21,8 @@ class StepArrays:
     `value` critic value read at the step's last prompt token (float); `anchor` hashable
     state keys (object array; `step_anchor` gives the env's key or the prompt, None = no
     anchor); `done` / `truncated` how the step ended (bool; only a trajectory's last step is
-    read); `kl` KL to the reference policy summed over the step's response tokens (float).
+    read); `kl` KL to the reference policy summed over the step's response tokens (float);
+    `weight` the step's share of the loss weight (float; gigpo's loss-weighted centring).
     """
 
     group: np.ndarray
@@ -33,6 +34,7 @@ class StepArrays:
     done: np.ndarray | None = None
     truncated: np.ndarray | None = None
     kl: np.ndarray | None = None
+    weight: np.ndarray | None = None
 
     @staticmethod
     def from_columns(
@@ -46,6 +48,7 @@ class StepArrays:
         done: Sequence[bool] | None = None,
         truncated: Sequence[bool] | None = None,
         kl: Sequence[float] | None = None,
+        weight: Sequence[float] | None = None,
     ) -> StepArrays:
         """Build from raw id columns (any hashable ids) and numeric columns."""
         _, group = np.unique(np.asarray(group_ids, dtype=object).astype(str), return_inverse=True)
@@ -62,6 +65,7 @@ class StepArrays:
             done=None if done is None else np.asarray(done, dtype=bool),
             truncated=None if truncated is None else np.asarray(truncated, dtype=bool),
             kl=None if kl is None else np.asarray(kl, dtype=np.float64),
+            weight=None if weight is None else np.asarray(weight, dtype=np.float64),
         )
 
 

@@ -19,6 +19,7 @@ from agent_core.algorithms.advantages import ESTIMATORS, AdvantageOptions, step_
 from agent_core.algorithms.diagnostics import (
     advantage_diagnostics,
     falling_streak,
+    step_loss_weights,
 )
 from agent_core.algorithms.returns import StepArrays
 from agent_core.collect.iteration_tasks import iteration_tasks
@@ -76,6 +77,13 @@ def _estimate(
         done=[s.done for s in steps],
         truncated=[s.truncated for s in steps],
         kl=kl,
+        weight=step_loss_weights(
+            np.array([len(s.response_ids) for s in steps]),
+            np.array([s.trajectory_id for s in steps]),
+            cfg.trainer.loss_agg_mode,
+        )
+        if cfg.algorithm.gigpo_centring == "loss"
+        else None,
     )
     algo = cfg.algorithm
     options = AdvantageOptions(
@@ -89,6 +97,7 @@ def _estimate(
         step_advantage_weight=algo.step_advantage_weight,
         gigpo_episode_return=algo.gigpo_episode_return,
         gigpo_episode_baseline=algo.gigpo_episode_baseline,
+        gigpo_centring=algo.gigpo_centring,
     )
     result = resolve("estimator", algo.estimator, ESTIMATORS)(arrays, options)
     for i, (step, ret, adv) in enumerate(

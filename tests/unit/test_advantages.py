@@ -17,6 +17,7 @@ from agent_core.algorithms.advantages import (
     check_estimator_needs,
     step_anchor,
 )
+from agent_core.algorithms.diagnostics import step_loss_weights
 from agent_core.algorithms.returns import StepArrays, object_column
 
 Row = dict  # keys: group, traj, step, reward, value, anchor, done, truncated, kl
@@ -60,6 +61,23 @@ def ref_normalise(members: dict, opts: AdvantageOptions) -> dict:
                 out[member] = (v - mean) / (std + opts.epsilon)
             else:
                 out[member] = v - mean
+    return out
+
+
+def ref_centre(members: dict, opts: AdvantageOptions, weight: dict | None) -> dict:
+    """ref_normalise, or with `weight` (member -> weight) the weighted mean subtracted (groups
+    of one or of equal scores still get 0)."""
+    if weight is None:
+        return ref_normalise(members, opts)
+    out = {}
+    for scores in members.values():
+        values = list(scores.values())
+        n = len(values)
+        plain = sum(values) / n
+        std = math.sqrt(sum((v - plain) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+        mean = sum(weight[m] * v for m, v in scores.items()) / sum(weight[m] for m in scores)
+        for member, v in scores.items():
+            out[member] = 0.0 if n < 2 or std <= opts.epsilon else v - mean
     return out
 
 
@@ -135,18 +153,23 @@ def ref_gae(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[
 def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], list[float]]:
     """GiGPO as in the paper: A^E from each trajectory's episode return R = sum of its rewards,
     normalised over the trajectories of its group; A^S from discounted step returns, normalised
-    over the steps of the group at the same anchor state."""
+    over the steps of the group at the same anchor state. Loss centring: every mean weighted
+    by the rows' weights (a trajectory by its rows' sum)."""
+    loss = opts.gigpo_centring == "loss"
     returns = ref_returns(rows, [r["reward"] for r in rows], opts.gamma)
     members: dict = {}
+    traj_weight: dict = {}
     for t, idxs in ref_trajectories(rows).items():
         if opts.gigpo_episode_return == "discounted":
             episode_return = returns[idxs[0]]
         else:
             episode_return = sum(rows[i]["reward"] for i in idxs)
         members.setdefault(rows[idxs[0]]["group"], {})[t] = episode_return
-    by_traj = ref_normalise(members, opts)
+        traj_weight[t] = sum(rows[i]["weight"] for i in idxs)
+    by_traj = ref_centre(members, opts, traj_weight if loss else None)
     episode_adv = [by_traj[r["traj"]] for r in rows]
     episode_of = {t: v for scores in members.values() for t, v in scores.items()}
+    step_weight = {i: r["weight"] for i, r in enumerate(rows)} if loss else None
     members = {}
     for i, row in enumerate(rows):
         key = (row["group"], row["anchor"]) if row["anchor"] is not None else ("alone", i)
@@ -154,10 +177,11 @@ def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], lis
     if opts.gigpo_episode_baseline == "state":  # centred over the state's steps
         for m in members.values():
             if len(m) > 1:
-                state = ref_normalise({0: {i: episode_of[rows[i]["traj"]] for i in m}}, opts)
+                visits = {0: {i: episode_of[rows[i]["traj"]] for i in m}}
+                state = ref_centre(visits, opts, step_weight)
                 for i in m:
                     episode_adv[i] = state[i]
-    step_adv = ref_normalise(members, opts)
+    step_adv = ref_centre(members, opts, step_weight)
     adv = [episode_adv[i] + opts.step_advantage_weight * step_adv[i] for i in range(len(rows))]
     return returns, adv
 
@@ -214,6 +238,7 @@ def random_rows(rng: np.random.Generator) -> tuple[list[Row], dict[str, bool]]:
                         "done": bool(rng.random() < 0.7) if present["done"] else None,
                         "truncated": bool(rng.random() < 0.3) if present["truncated"] else None,
                         "kl": float(abs(rng.normal())) if present["kl"] else None,
+                        "weight": float(rng.uniform(0.1, 2.0)),  # a loss weight
                     }
                 )
             n_traj += 1
@@ -239,14 +264,16 @@ def to_arrays(rows: list[Row], present: dict[str, bool]) -> StepArrays:
         done=column("done", bool),
         truncated=column("truncated", bool),
         kl=column("kl", np.float64),
+        weight=np.array([r["weight"] for r in rows], dtype=np.float64),
     )
 
 
 def random_options(rng: np.random.Generator) -> AdvantageOptions:
     gamma = [1.0, 0.9, float(rng.uniform(0.3, 1.0))][rng.integers(3)]
+    centring = ["count", "loss"][rng.integers(2)]
     return AdvantageOptions(
         gamma=gamma,
-        norm_by_std=bool(rng.random() < 0.5),
+        norm_by_std=centring == "count" and bool(rng.random() < 0.5),
         epsilon=1e-6,
         lam=float(rng.uniform(0.0, 1.0)),
         kl_coef=[0.0, float(rng.uniform(0.0, 0.5))][rng.integers(2)],
@@ -254,6 +281,7 @@ def random_options(rng: np.random.Generator) -> AdvantageOptions:
         step_advantage_weight=float(rng.uniform(0.0, 2.0)),
         gigpo_episode_return=["undiscounted", "discounted"][rng.integers(2)],
         gigpo_episode_baseline=["group", "state"][rng.integers(2)],
+        gigpo_centring=centring,
     )
 
 
@@ -482,6 +510,42 @@ def test_gigpo_state_baseline_by_hand() -> None:
         ESTIMATORS["gigpo"](arrays, replace(opts, gigpo_episode_baseline="anchor"))
 
 
+def test_gigpo_loss_centring_by_hand() -> None:
+    # one group, gamma 1, traj-mean-token-mean weights (one token per step): a wins in 2 steps
+    # (s0, s1), b fails in 4 (s0, s1, s1, s1): weights a 1/4 per step, b 1/8 per step.
+    # Counted, s1's returns (a 1; b 0, 0, 0) have mean 1/4; loss-weighted (1/4 * 1) / (1/4 +
+    # 3/8) = 2/5; s0's (a 1, b 0) 1/4 / 3/8 = 2/3, counted 1/2. Trajectories weigh 1/2 each,
+    # so the group means are the same either way.
+    groups, trajs = ["g"] * 6, ["a", "a", "b", "b", "b", "b"]
+    tokens, steps = [1] * 6, [0, 1, 0, 1, 2, 3]
+    weight = step_loss_weights(np.array(tokens), np.array(trajs), "traj-mean-token-mean")
+    np.testing.assert_allclose(weight, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125])
+    arrays = _arrays(
+        groups, trajs, steps, [0, 1, 0, 0, 0, 0], anchor=["s0", "s1", "s0", "s1", "s1", "s1"],
+        weight=weight,
+    )  # fmt: skip
+    opts = AdvantageOptions(norm_by_std=False, gigpo_centring="loss")
+    out = ESTIMATORS["gigpo"](arrays, opts)
+    # episode 1 - 1/2 = +1/2 (a), -1/2 (b); step at s0: 1 - 2/3, 0 - 2/3; at s1: 1 - 2/5, 0 - 2/5
+    third = 1 / 3
+    want = [0.5 + third, 0.5 + 0.6, -0.5 - 2 * third, -0.5 - 0.4, -0.5 - 0.4, -0.5 - 0.4]
+    np.testing.assert_allclose(out.advantages, want)
+    for state in ([0, 2], [1, 3, 4, 5]):  # the step term sums to 0 under the loss's weights
+        step_term = out.advantages[state] - np.where(np.isin(state, [0, 1]), 0.5, -0.5)
+        assert abs(np.dot(weight[state], step_term)) < 1e-12
+    counted = ESTIMATORS["gigpo"](arrays, replace(opts, gigpo_centring="count"))
+    np.testing.assert_allclose(counted.advantages, [1.0, 1.25, -1.0, -0.75, -0.75, -0.75])
+    # with the state baseline the episode term centres the same way: each state's episode
+    # returns equal its step returns here, so it doubles the step term
+    state = ESTIMATORS["gigpo"](arrays, replace(opts, gigpo_episode_baseline="state"))
+    np.testing.assert_allclose(state.advantages, [2 * third, 1.2, -4 * third, -0.8, -0.8, -0.8])
+    with pytest.raises(ValueError, match="needs norm_by_std=False"):
+        ESTIMATORS["gigpo"](arrays, replace(opts, norm_by_std=True))
+    no_weights = _arrays(groups, trajs, steps, [0, 1, 0, 0, 0, 0], anchor=["s0"] * 6)
+    with pytest.raises(ValueError, match="'weight'"):
+        ESTIMATORS["gigpo"](no_weights, opts)
+
+
 # ---------------------------------------------------------------- needs
 
 
@@ -588,3 +652,34 @@ def test_score_phase_gives_gigpo_the_prompt_of_an_anchorless_step() -> None:
         s.anchor_key = f"state-{s.trajectory_id}-{s.step_index}"  # every env key distinct
     estimate_in_place(cfg, None, 1, steps)
     np.testing.assert_allclose([s.advantage for s in steps], [2 * third] * 2 + [-third] * 3)
+
+
+def test_score_phase_centres_gigpo_with_the_loss_weights() -> None:
+    """The loss-centring example above as stored steps (one response token each): the score
+    phase weighs them as trainer.loss_agg_mode does, so the update diagnostics' loss-weighted
+    mean advantage is 0, where counted centring leans it up."""
+    from agent_core.core.records import Step
+    from agent_core.run.score import estimate_in_place
+    from configs.run_config import RunConfig
+
+    rows = [("a", 0, "s0", 0.0), ("a", 1, "s1", 1.0)]
+    rows += [("b", k, "s0" if k == 0 else "s1", 0.0) for k in range(4)]
+    steps = [
+        Step("run", 1, 0, "g", t, k, "task", "env", [5, 6], [1], [-1.0], "", "", r, False, False)
+        for t, k, _, r in rows
+    ]
+    for step, (_, _, anchor, _) in zip(steps, rows, strict=True):
+        step.anchor_key = anchor
+    steps[1].done = steps[-1].done = True
+    cfg = RunConfig()
+    cfg.algorithm.estimator, cfg.algorithm.norm_by_std = "gigpo", False
+    cfg.trainer.loss_agg_mode = "traj-mean-token-mean"
+    counted = estimate_in_place(cfg, None, 1, steps)
+    assert counted["advantage/weighted_mean"] > 0.05
+    cfg.algorithm.gigpo_centring = "loss"
+    cfg.algorithm.gigpo_episode_baseline = "state"
+    centred = estimate_in_place(cfg, None, 1, steps)
+    third = 1 / 3
+    want = [2 * third, 1.2, -4 * third, -0.8, -0.8, -0.8]
+    np.testing.assert_allclose([s.advantage for s in steps], want)
+    assert abs(centred["advantage/weighted_mean"]) < 1e-12

@@ -85,6 +85,11 @@ def test_overrides_are_typed() -> None:
             "reinforce_pp and gae shape rewards with KL): set algorithm.kl_coef=0",
         ),
         (
+            ["algorithm.gigpo_centring=loss", "algorithm.norm_by_std=true"],
+            "algorithm.gigpo_centring='loss' subtracts loss-weighted means and divides by no "
+            "std: set algorithm.norm_by_std=false",
+        ),
+        (
             ["rollout.group_size=1", "algorithm.estimator=rloo"],
             "rollout.group_size=1 with algorithm.estimator='rloo': a group of one has no baseline",
         ),
