@@ -46,38 +46,25 @@ def ref_returns(rows: list[Row], rewards: list[float], gamma: float) -> list[flo
     return out
 
 
-def ref_normalise(members: dict, opts: AdvantageOptions) -> dict:
-    """members: group key -> {member: score}; returns member -> normalised score."""
+def ref_normalise(members: dict, opts: AdvantageOptions, weight: dict | None = None) -> dict:
+    """members: group key -> {member: score}; returns member -> normalised score. With
+    `weight` (member -> weight; loss centring) the weighted mean is subtracted and nothing
+    divided; groups of one or of equal scores get 0 either way."""
     out = {}
     for scores in members.values():
         values = list(scores.values())
         n = len(values)
         mean = sum(values) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+        if weight is not None:
+            mean = sum(weight[m] * v for m, v in scores.items()) / sum(weight[m] for m in scores)
         for member, v in scores.items():
             if n < 2 or std <= opts.epsilon:
                 out[member] = 0.0
-            elif opts.norm_by_std:
+            elif opts.norm_by_std and weight is None:
                 out[member] = (v - mean) / (std + opts.epsilon)
             else:
                 out[member] = v - mean
-    return out
-
-
-def ref_centre(members: dict, opts: AdvantageOptions, weight: dict | None) -> dict:
-    """ref_normalise, or with `weight` (member -> weight) the weighted mean subtracted (groups
-    of one or of equal scores still get 0)."""
-    if weight is None:
-        return ref_normalise(members, opts)
-    out = {}
-    for scores in members.values():
-        values = list(scores.values())
-        n = len(values)
-        plain = sum(values) / n
-        std = math.sqrt(sum((v - plain) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-        mean = sum(weight[m] * v for m, v in scores.items()) / sum(weight[m] for m in scores)
-        for member, v in scores.items():
-            out[member] = 0.0 if n < 2 or std <= opts.epsilon else v - mean
     return out
 
 
@@ -166,7 +153,7 @@ def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], lis
             episode_return = sum(rows[i]["reward"] for i in idxs)
         members.setdefault(rows[idxs[0]]["group"], {})[t] = episode_return
         traj_weight[t] = sum(rows[i]["weight"] for i in idxs)
-    by_traj = ref_centre(members, opts, traj_weight if loss else None)
+    by_traj = ref_normalise(members, opts, traj_weight if loss else None)
     episode_adv = [by_traj[r["traj"]] for r in rows]
     episode_of = {t: v for scores in members.values() for t, v in scores.items()}
     step_weight = {i: r["weight"] for i, r in enumerate(rows)} if loss else None
@@ -178,10 +165,10 @@ def ref_gigpo(rows: list[Row], opts: AdvantageOptions) -> tuple[list[float], lis
         for m in members.values():
             if len(m) > 1:
                 visits = {0: {i: episode_of[rows[i]["traj"]] for i in m}}
-                state = ref_centre(visits, opts, step_weight)
+                state = ref_normalise(visits, opts, step_weight)
                 for i in m:
                     episode_adv[i] = state[i]
-    step_adv = ref_centre(members, opts, step_weight)
+    step_adv = ref_normalise(members, opts, step_weight)
     adv = [episode_adv[i] + opts.step_advantage_weight * step_adv[i] for i in range(len(rows))]
     return returns, adv
 
