@@ -69,15 +69,14 @@ class AlgorithmSection(Section):
         "episode terms of a state's steps sum to 0: a state that failing trajectories keep "
         "returning to (after a blocked move, say) is not pushed down as a whole.",
     )
-
     gigpo_centring: Literal["count", "loss"] = Field(
         "count",
         description="'gigpo': how its means weigh the steps. 'count' = every step (and every "
         "trajectory of a group) alike, as in the GiGPO paper and verl-agent; 'loss' = as "
-        "trainer.loss_agg_mode weighs them in the loss, so a state's advantages (and with "
-        "gigpo_episode_baseline='state' its episode terms) sum to 0 under the loss's weights "
-        "and the update pushes no state's sampled tokens up or down as a whole. Centring "
-        "only: needs norm_by_std=false.",
+        "trainer.loss_agg_mode weighs them in the loss, so the step terms of a state's steps (and "
+        "with gigpo_episode_baseline='state' their episode terms) sum to 0 under the loss's "
+        "weights, and the update's loss-weighted mean advantage is 0: it pushes no state's "
+        "sampled tokens up or down as a whole. Centring only: needs norm_by_std=false.",
     )
 
     @model_validator(mode="after")

@@ -41,7 +41,7 @@ class AdvantageOptions:
     # step's anchor state (the group's mean where it is the state's only step)
     gigpo_episode_baseline: str = "group"
     # gigpo: "count" (the paper) = each state's (and group's) mean over its steps; "loss" =
-    # weighted as the loss weighs the steps (StepArrays.weight), so a state's advantages sum
+    # weighted as the loss weighs the steps (StepArrays.weight), so a state's step terms sum
     # to 0 under the loss's weights (centring only: not with norm_by_std)
     gigpo_centring: str = "count"
     # grpo: divide the group-centred advantages by their std over the whole batch (one scale
