@@ -74,32 +74,26 @@ def group_stats(
 
 
 def group_normalise(
-    scores: np.ndarray, groups: np.ndarray, options: AdvantageOptions
+    scores: np.ndarray,
+    groups: np.ndarray,
+    options: AdvantageOptions,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """`scores` [K] centred (and divided by std + epsilon when `norm_by_std`) within their
-    group; members of a group of one, or of equal scores, get 0. Returns (advantages [K],
-    number of such flat groups)."""
+    group; members of a group of one, or of equal scores, get 0. With `weights` [K] (gigpo's
+    loss centring) the mean is weighted by them and nothing is divided. Returns (advantages
+    [K], number of such flat groups)."""
     mean, std, size = group_stats(scores, groups)
+    if weights is not None:
+        total = np.bincount(groups, weights=weights, minlength=size.size)
+        weighted = np.bincount(groups, weights=weights * scores, minlength=size.size)
+        mean = weighted / np.where(total > 0, total, 1.0)
     flat = (size < 2) | (std <= options.epsilon)
     centred = scores - mean[groups]
-    if options.norm_by_std:
+    if options.norm_by_std and weights is None:
         # flat groups are zeroed below; dividing them by 1 avoids 0/0 when epsilon is 0
         centred = centred / np.where(flat, 1.0, std + options.epsilon)[groups]
     return np.where(flat[groups], 0.0, centred), int(np.sum(flat))
-
-
-def weighted_centre(
-    scores: np.ndarray, groups: np.ndarray, weights: np.ndarray, epsilon: float
-) -> np.ndarray:
-    """`scores` [K] minus their `weights`-weighted mean within their group `groups` [K];
-    members of a group of one, or of equal scores (std <= `epsilon`), get 0, as in
-    `group_normalise`."""
-    _, std, size = group_stats(scores, groups)
-    total = np.bincount(groups, weights=weights, minlength=size.size)
-    weighted = np.bincount(groups, weights=weights * scores, minlength=size.size)
-    mean = weighted / np.where(total > 0, total, 1.0)
-    flat = (size < 2) | (std <= epsilon)
-    return np.where(flat[groups], 0.0, scores - mean[groups])
 
 
 def whiten(values: np.ndarray, epsilon: float) -> np.ndarray:
@@ -274,15 +268,6 @@ def _check_gigpo_options(arrays: StepArrays, options: AdvantageOptions) -> np.nd
     return _require(arrays, "weight", "gigpo")
 
 
-def _centre(
-    scores: np.ndarray, groups: np.ndarray, weights: np.ndarray | None, options: AdvantageOptions
-) -> np.ndarray:
-    """`group_normalise` (count centring) or `weighted_centre` (loss centring)."""
-    if weights is None:
-        return group_normalise(scores, groups, options)[0]
-    return weighted_centre(scores, groups, weights, options.epsilon)
-
-
 def state_baselined(
     episode: np.ndarray,
     by_group: np.ndarray,
@@ -298,7 +283,7 @@ def state_baselined(
     0 and no state is pushed up or down as a whole for lying on failing (or winning) paths. A
     state with one step keeps its group's term `by_group` [T]; a state whose steps' returns
     are equal adds 0."""
-    centred = _centre(episode[arrays.trajectory], step_ids, weights, options)
+    centred, _ = group_normalise(episode[arrays.trajectory], step_ids, options, weights)
     visits = np.bincount(step_ids)[step_ids]
     return np.where(visits >= 2, centred, by_group[arrays.trajectory])
 
@@ -321,15 +306,17 @@ def gigpo(arrays: StepArrays, options: AdvantageOptions) -> AdvantageResult:
     groups = trajectory_groups(arrays)
     discount = options.gamma if options.gigpo_episode_return == "discounted" else None
     episode = episode_returns(arrays, discount)
-    episode_adv, flat = group_normalise(episode, groups, options)
-    if weights is not None:
-        per_trajectory = np.bincount(arrays.trajectory, weights=weights, minlength=groups.size)
-        episode_adv = weighted_centre(episode, groups, per_trajectory, options.epsilon)
+    per_trajectory = (
+        None
+        if weights is None
+        else np.bincount(arrays.trajectory, weights=weights, minlength=groups.size)
+    )
+    episode_adv, flat = group_normalise(episode, groups, options, per_trajectory)
     if options.gigpo_episode_baseline == "state":
         episode_term = state_baselined(episode, episode_adv, step_ids, arrays, options, weights)
     else:
         episode_term = episode_adv[arrays.trajectory]
-    step_adv = _centre(returns, step_ids, weights, options)
+    step_adv, _ = group_normalise(returns, step_ids, options, weights)
     advantages = episode_term + options.step_advantage_weight * step_adv
     n_groups = int(groups.max()) + 1 if groups.size else 0
     return AdvantageResult(returns, advantages, flat, n_groups)
