@@ -75,8 +75,9 @@ class AlgorithmSection(Section):
         "trajectory of a group) alike, as in the GiGPO paper and verl-agent; 'loss' = as "
         "trainer.loss_agg_mode weighs them in the loss, so the step terms of a state's steps (and "
         "with gigpo_episode_baseline='state' their episode terms) sum to 0 under the loss's "
-        "weights, and the update's loss-weighted mean advantage is 0: it pushes no state's "
-        "sampled tokens up or down as a whole. Centring only: needs norm_by_std=false.",
+        "weights, and so does the update's advantage as a whole (with 'state', but for the "
+        "group's episode term that a state with one step keeps). Centring only: needs "
+        "norm_by_std=false.",
     )
 
     @model_validator(mode="after")
