@@ -27,6 +27,16 @@ class WarmupSection(Section):
     tasks: int = Field(64, ge=1, description="Solver demonstration episodes (training seeds).")
     epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
     learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the warm-up.")
+    heldout_episodes: int = Field(
+        16,
+        ge=0,
+        description="Held-out tasks (the first eval tasks) on which the solver also plays, so "
+        "that the warm-up reports how likely its policy is to sample the solver's replies on "
+        "tasks it never saw, before and after it trains (warmup/heldout_* metrics and a "
+        "console line; a warning when the warm-up lowered it): per step, and for a whole "
+        "episode, where the per-step figure compounds over the horizon. Costs two no-grad "
+        "forwards over these episodes' steps; solver warm-ups only; 0 = off.",
+    )
     keep_optimizer_state: bool = Field(
         True,
         description="Whether RL goes on with the warm-up's AdamW moments (true, the default) or "

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_core import live
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.collect.loops import make_loop
 from agent_core.core.files import atomic_write_text
-from agent_core.core.records import Step
+from agent_core.core.records import Step, Task
 from agent_core.core.results import RunHandle
 from agent_core.core.run_folder import WARMUP_RECORD, warmup_dir
 from agent_core.envs import env_class
@@ -28,6 +29,7 @@ from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.loop import RolloutMeta
 from agent_core.run import trainers
+from agent_core.run.evaluate import eval_tasks
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from agent_core.workers.trainer_group import TrainerGroup
@@ -46,6 +48,37 @@ class WarmupResult(BaseModel):
     demo_success_rate: float
     metrics: dict[str, float]
     seconds: float
+    heldout: dict[str, float] = Field(
+        default_factory=dict,
+        description="How the policy plays the solver's held-out episodes before and after the "
+        "warm-up (`demonstration_fit`; keys ending _base are the base model's); empty when "
+        "warmup.heldout_episodes is 0, the source is a file or no held-out episode was kept.",
+    )
+
+
+def solver_episodes(cfg: RunConfig, tokenizer, tasks: list[Task], label: str):
+    """The env's solver played once on each of `tasks`: every trajectory, the ones its
+    `keep_demonstration` keeps, and the loop's stats."""
+    loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
+    steps, stats = loop.run(tasks, 1, RolloutMeta(label, 0, 0, cfg.env.name), solver=True)
+    trajectories = list(group_trajectories(steps).values())
+    good = [t for t in trajectories if env_class(cfg.env.name).keep_demonstration(t)]
+    return trajectories, good, stats
+
+
+def demonstration_row(step: Step) -> TrainRow:
+    """A demonstration step as a training row (its old log-probs 0: `log_ratios` then gives
+    the policy's log-probability of the reply)."""
+    return TrainRow(
+        step.prompt_ids,
+        step.response_ids,
+        [0.0] * len(step.response_ids),
+        0.0,
+        0.0,
+        0.0,
+        step.trajectory_id,
+        step.step_index,
+    )
 
 
 def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
@@ -54,29 +87,44 @@ def solver_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
     played and the solver's success rate; raises, saying how the episodes ended, when none
     was kept."""
     tasks = train_tasks(cfg, WARMUP_STREAM, cfg.warmup.tasks)
-    loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
-    steps, stats = loop.run(tasks, 1, RolloutMeta("warmup", 0, 0, cfg.env.name), solver=True)
-    trajectories = list(group_trajectories(steps).values())
-    good = [t for t in trajectories if env_class(cfg.env.name).keep_demonstration(t)]
-    rows = [
-        TrainRow(
-            s.prompt_ids,
-            s.response_ids,
-            s.response_logprobs,
-            0.0,
-            0.0,
-            0.0,
-            s.trajectory_id,
-            s.step_index,
-        )
-        for t in good
-        for s in t
-    ]
+    trajectories, good, stats = solver_episodes(cfg, tokenizer, tasks, "warmup")
+    rows = [demonstration_row(s) for t in good for s in t]
     success = sum(t[-1].success for t in trajectories) / max(1, len(trajectories))
     if not rows:
         raise RuntimeError(no_demonstration(cfg, trajectories, success))
     warn_long_replies(rows, cfg.rollout.max_new_tokens)
     return rows, stats.episodes, success
+
+
+def heldout_episodes(cfg: RunConfig, tokenizer) -> list[list[TrainRow]]:
+    """The solver's kept demonstrations on the first `warmup.heldout_episodes` held-out tasks
+    (the eval tasks, never trained on), one list of rows per episode."""
+    tasks = eval_tasks(cfg)[: cfg.warmup.heldout_episodes]
+    _, good, _ = solver_episodes(cfg, tokenizer, tasks, "warmup-heldout")
+    return [[demonstration_row(s) for s in t] for t in good]
+
+
+def demonstration_fit(logprobs: list[list[float]]) -> dict[str, float]:
+    """How a policy plays the solver's held-out episodes, from each episode's per-reply
+    log-probabilities under it: the mean probability that it samples the solver's reply at a
+    step (its exact tokens, at rollout.temperature), the mean probability that it samples a
+    whole solver episode (the product over the episode's steps: the per-step figure
+    compounds over the horizon), and the episodes' mean length."""
+    replies = [math.exp(lp) for episode in logprobs for lp in episode]
+    episodes = [math.exp(sum(episode)) for episode in logprobs]
+    return {
+        "reply_prob": sum(replies) / max(1, len(replies)),
+        "episode_prob": sum(episodes) / max(1, len(episodes)),
+        "steps": len(replies) / max(1, len(episodes)),
+    }
+
+
+def heldout_fit(trainer, episodes: list[list[TrainRow]]) -> dict[str, float]:
+    """`demonstration_fit` of the trainer's current policy on held-out solver episodes (one
+    no-grad forward over their rows)."""
+    flat = [row for episode in episodes for row in episode]
+    logprobs = iter(trainer.log_ratios(flat))
+    return demonstration_fit([[next(logprobs) for _ in episode] for episode in episodes])
 
 
 def episode_end(last: Step) -> str:
@@ -173,6 +221,30 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
     return rows, good.height, good.height / max(1, frame.height)
 
 
+def report_fit(fit: dict[str, float]) -> None:
+    """The console's line on the held-out solver episodes; a warning when the warm-up made
+    the solver's held-out replies less likely than the base model had them (it learnt
+    something that does not carry over to tasks it did not see)."""
+    line = (
+        "warm-up on %d held-out solver episodes of %.1f steps: the policy samples the solver's "
+        "reply with probability %.3f per step (base model %.3f) and a whole solver episode "
+        "with %.3f (base %.3f)"
+    )
+    args = (
+        int(fit["episodes"]), fit["steps"], fit["reply_prob"], fit["reply_prob_base"],
+        fit["episode_prob"], fit["episode_prob_base"],
+    )  # fmt: skip
+    if fit["reply_prob"] < fit["reply_prob_base"]:
+        log.warning(
+            line + ": LOWER than before the warm-up; it fits its demonstrations without "
+            "carrying them over to unseen tasks: give it more warmup.tasks, fewer "
+            "warmup.epochs or a lower warmup.learning_rate",
+            *args,
+        )
+    else:
+        log.info(line, *args)
+
+
 def _warmup_config(cfg: RunConfig) -> RunConfig:
     """`cfg` for the warm-up's trainer: its checkpoint keeps the DeepSpeed (optimizer) state
     only with `warmup.keep_optimizer_state`; without it RL's first trainer, built from the
@@ -192,11 +264,19 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     start = time.perf_counter()
     live.release(run_dir)  # nothing cached may hold weights older than the warm-up
     trainer = trainers.build_trainer(_warmup_config(cfg), Path(run.base_model), None)
+    heldout, fit = [], {}
     if cfg.warmup.source == "solver":
         rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
+        if cfg.warmup.heldout_episodes:
+            heldout = heldout_episodes(cfg, trainer.tokenizer)
     else:
         rows, episodes, success = file_rows(cfg.warmup.path or "")
+    if heldout:
+        fit = {f"{k}_base": v for k, v in heldout_fit(trainer, heldout).items() if k != "steps"}
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
+    if heldout:
+        fit |= heldout_fit(trainer, heldout) | {"episodes": float(len(heldout))}
+        report_fit(fit)
     trainer.save(ckpt, {"iteration": 0, "policy_version": 0, "warmup": True, "metrics": metrics})
     if isinstance(trainer, TrainerGroup):
         trainer.stop()  # the RL update starts its ranks from this checkpoint
@@ -207,12 +287,14 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         demo_success_rate=success,
         metrics=metrics,
         seconds=time.perf_counter() - start,
+        heldout=fit,
     )
     from agent_core import tracking
 
     logged = {f"warmup/{k}": v for k, v in metrics.items() if k != "seconds"}
     logged |= {"warmup/demo_success_rate": success, "timing_s/warmup": result.seconds}
     logged |= reply_lengths(rows, cfg.rollout.max_new_tokens)
+    logged |= {f"warmup/heldout_{k}": v for k, v in fit.items()}
     tracking.log_metrics(cfg.tracking, run.mlflow_run_id, 0, logged)
     atomic_write_text(record, json.dumps(result.model_dump(), indent=2))
     return result

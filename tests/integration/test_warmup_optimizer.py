@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow import MlflowClient
 
 from agent_core.config.load import load_config
 from flows.train import train
@@ -33,7 +34,18 @@ def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
     )  # fmt: skip
     summary = train(config)
     run = Path(summary.run_dir)
-    warmup = json.loads((run / "warmup.json").read_text())["metrics"]["optimizer_steps"]
+    record = json.loads((run / "warmup.json").read_text())
+    warmup = record["metrics"]["optimizer_steps"]
+    # the held-out solver episodes were scored before and after, by the warm-up's real forward
+    fit = record["heldout"]
+    assert fit["episodes"] > 0 and fit["steps"] >= 1
+    for key in ("reply_prob", "episode_prob"):
+        assert 0.0 < fit[key] <= 1.0 and 0.0 < fit[f"{key}_base"] <= 1.0
+    assert fit["reply_prob"] != fit["reply_prob_base"]  # the warm-up moved the weights
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = (run / "mlflow_run_id").read_text().strip()
+    (logged,) = client.get_metric_history(run_id, "warmup/heldout_reply_prob")
+    assert logged.value == pytest.approx(fit["reply_prob"])
     rl = summary.last_metrics["actor/optimizer_steps"]
     assert warmup > 0 and rl > 0
     assert (run / "checkpoints" / "warmup" / "deepspeed").is_dir() == keep

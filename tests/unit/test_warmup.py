@@ -5,6 +5,7 @@ RL may sample are warned about (and the general preset's budget fits a tool call
 from __future__ import annotations
 
 import logging
+import math
 from functools import partial
 from pathlib import Path
 
@@ -17,8 +18,18 @@ from agent_core.replay import steps_to_table
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.engine import SamplingParams
 from agent_core.rollout.loop import AgentEnvLoop, RolloutMeta
-from agent_core.run.warmup import file_rows, reply_lengths, solver_rows
+from agent_core.run.evaluate import eval_tasks
+from agent_core.run.warmup import (
+    demonstration_fit,
+    file_rows,
+    heldout_episodes,
+    heldout_fit,
+    reply_lengths,
+    report_fit,
+    solver_rows,
+)
 from agent_core.tools.calculator import evaluate
+from agent_core.trainer.batching import TrainRow
 from tests.conftest import REPO
 
 META = RolloutMeta("r", 0, 0, "x")
@@ -158,3 +169,61 @@ def test_a_demonstrations_file_without_success_says_so(tmp_path: Path, tiny_toke
     pq.write_table(steps_to_table(steps), path)
     with pytest.raises(RuntimeError, match=f"none of the {len(steps)} rows of warmup.path="):
         file_rows(str(path))
+
+
+def test_demonstration_fit_is_the_hand_computation() -> None:
+    # two held-out solver episodes: replies the policy samples with 0.5, 0.5 (two steps) and 0.8
+    fit = demonstration_fit([[math.log(0.5), math.log(0.5)], [math.log(0.8)]])
+    assert fit["reply_prob"] == pytest.approx((0.5 + 0.5 + 0.8) / 3)
+    assert fit["episode_prob"] == pytest.approx((0.5 * 0.5 + 0.8) / 2)  # compounds per episode
+    assert fit["steps"] == pytest.approx(1.5)
+
+
+class _Scorer:
+    """A trainer whose log_ratios give each row the log-prob its prompt's first id names."""
+
+    def log_ratios(self, rows):
+        return [math.log(row.prompt_ids[0] / 10) for row in rows]
+
+
+def test_heldout_fit_splits_the_forward_back_into_episodes() -> None:
+    def row(tenths: int) -> TrainRow:
+        return TrainRow([tenths], [1], [0.0], 0.0)
+
+    fit = heldout_fit(_Scorer(), [[row(9), row(5), row(2)], [row(4)]])
+    assert fit["episode_prob"] == pytest.approx((0.9 * 0.5 * 0.2 + 0.4) / 2)
+    assert fit["reply_prob"] == pytest.approx((0.9 + 0.5 + 0.2 + 0.4) / 4)
+
+
+def test_heldout_episodes_are_eval_tasks_the_warmup_never_trains_on(tiny_tokenizer) -> None:
+    cfg = load_config("smoke", ["warmup.tasks=8", "warmup.heldout_episodes=5"])
+
+    def task_id(row: TrainRow) -> str:  # trajectory ids are iteration:task:sample
+        return row.trajectory_id.split(":", 1)[1].rsplit(":", 1)[0]
+
+    trained = {task_id(r) for r in solver_rows(cfg, tiny_tokenizer)[0]}
+    episodes = heldout_episodes(cfg, tiny_tokenizer)
+    assert len(episodes) == 5  # the solver solves every smoke task
+    held = {task_id(episode[0]) for episode in episodes}
+    assert held == {task.task_id for task in eval_tasks(cfg)[:5]}
+    assert len(trained) == 8 and not held & trained
+    for episode in episodes:  # old log-probs 0: log_ratios is the policy's log-prob
+        assert all(set(r.old_logprobs) == {0.0} for r in episode)
+        assert [r.step_index for r in episode] == list(range(len(episode)))
+
+
+def test_report_fit_warns_when_the_warmup_lowered_heldout_replies(caplog) -> None:
+    fit = {"episodes": 16.0, "steps": 5.0, "reply_prob": 0.63, "reply_prob_base": 0.29,
+           "episode_prob": 0.11, "episode_prob_base": 0.002}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="agent_core.run.warmup"):
+        report_fit(fit)
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO
+    assert "probability 0.630 per step (base model 0.290)" in record.getMessage()
+    assert "whole solver episode with 0.110 (base 0.002)" in record.getMessage()
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="agent_core.run.warmup"):
+        report_fit(fit | {"reply_prob": 0.2})
+    (message,) = _warnings(caplog)
+    assert "LOWER than before the warm-up" in message and "warmup.tasks" in message
