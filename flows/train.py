@@ -62,7 +62,9 @@ def train(config: RunConfig) -> TrainSummary:
         if every and run.start_iteration == 1 and config.warmup.enabled:
             held_out["base"] = evaluate_policy(config, run, 0, before_warmup=True).success_rate
         if config.warmup.enabled:
-            warmup_policy(config, run)  # supervised cold start: becomes policy version 0
+            warmed = warmup_policy(config, run)  # supervised cold start: policy version 0
+            if warmed.console:
+                print("\n".join(warmed.console))
         if every and run.start_iteration == 1:
             held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
         last = run.start_iteration - 1  # a rerun: the last committed iteration's held-out

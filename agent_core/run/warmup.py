@@ -54,6 +54,9 @@ class WarmupResult(BaseModel):
         "warm-up (`demonstration_fit`; keys ending _base are the base model's); empty when "
         "warmup.heldout_episodes is 0, the source is a file or no held-out episode was kept.",
     )
+    console: list[str] = Field(
+        default_factory=list, description="The lines the train flow prints after the warm-up."
+    )
 
 
 def solver_episodes(cfg: RunConfig, tokenizer, tasks: list[Task], label: str):
@@ -221,28 +224,27 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
     return rows, good.height, good.height / max(1, frame.height)
 
 
-def report_fit(fit: dict[str, float]) -> None:
-    """The console's line on the held-out solver episodes; a warning when the warm-up made
-    the solver's held-out replies less likely than the base model had them (it learnt
-    something that does not carry over to tasks it did not see)."""
-    line = (
-        "warm-up on %d held-out solver episodes of %.1f steps: the policy samples the solver's "
-        "reply with probability %.3f per step (base model %.3f) and a whole solver episode "
-        "with %.3f (base %.3f)"
-    )
-    args = (
-        int(fit["episodes"]), fit["steps"], fit["reply_prob"], fit["reply_prob_base"],
-        fit["episode_prob"], fit["episode_prob_base"],
-    )  # fmt: skip
+def fit_lines(fit: dict[str, float]) -> list[str]:
+    """The console's lines on the held-out solver episodes (none without them), and a
+    warning when the warm-up made the solver's held-out replies less likely than the base
+    model had them: it learnt something that does not carry over to tasks it did not see."""
+    if not fit:
+        return []
+    lines = [
+        f"warm-up on {fit['episodes']:.0f} held-out solver episodes of {fit['steps']:.1f} "
+        f"steps: the policy samples the solver's reply with probability "
+        f"{fit['reply_prob']:.3f} per step (base model {fit['reply_prob_base']:.3f}) and a "
+        f"whole solver episode with {fit['episode_prob']:.3f} (base "
+        f"{fit['episode_prob_base']:.3f})"
+    ]
     if fit["reply_prob"] < fit["reply_prob_base"]:
-        log.warning(
-            line + ": LOWER than before the warm-up; it fits its demonstrations without "
-            "carrying them over to unseen tasks: give it more warmup.tasks, fewer "
-            "warmup.epochs or a lower warmup.learning_rate",
-            *args,
+        lines.append(
+            "  warning: the warm-up made the solver's held-out replies less likely than the "
+            "base model had them: it fits its demonstrations without carrying them over to "
+            "unseen tasks; give it more warmup.tasks, fewer warmup.epochs or a lower "
+            "warmup.learning_rate"
         )
-    else:
-        log.info(line, *args)
+    return lines
 
 
 def _warmup_config(cfg: RunConfig) -> RunConfig:
@@ -276,7 +278,6 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
     if heldout:
         fit |= heldout_fit(trainer, heldout) | {"episodes": float(len(heldout))}
-        report_fit(fit)
     trainer.save(ckpt, {"iteration": 0, "policy_version": 0, "warmup": True, "metrics": metrics})
     if isinstance(trainer, TrainerGroup):
         trainer.stop()  # the RL update starts its ranks from this checkpoint
@@ -288,6 +289,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         metrics=metrics,
         seconds=time.perf_counter() - start,
         heldout=fit,
+        console=fit_lines(fit),
     )
     from agent_core import tracking
 

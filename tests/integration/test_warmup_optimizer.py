@@ -20,7 +20,7 @@ from flows.train import train
 @pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True])
 def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
-    prefect_harness, tiny_model_dir: Path, tmp_path: Path, keep: bool
+    prefect_harness, tiny_model_dir: Path, tmp_path: Path, keep: bool, capsys
 ) -> None:
     config = load_config(
         "smoke",
@@ -42,6 +42,8 @@ def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
     for key in ("reply_prob", "episode_prob"):
         assert 0.0 < fit[key] <= 1.0 and 0.0 < fit[f"{key}_base"] <= 1.0
     assert fit["reply_prob"] != fit["reply_prob_base"]  # the warm-up moved the weights
+    printed = capsys.readouterr().out
+    assert f"warm-up on {fit['episodes']:.0f} held-out solver episodes" in printed
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = (run / "mlflow_run_id").read_text().strip()
     (logged,) = client.get_metric_history(run_id, "warmup/heldout_reply_prob")

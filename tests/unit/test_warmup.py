@@ -22,10 +22,10 @@ from agent_core.run.evaluate import eval_tasks
 from agent_core.run.warmup import (
     demonstration_fit,
     file_rows,
+    fit_lines,
     heldout_episodes,
     heldout_fit,
     reply_lengths,
-    report_fit,
     solver_rows,
 )
 from agent_core.tools.calculator import evaluate
@@ -212,18 +212,14 @@ def test_heldout_episodes_are_eval_tasks_the_warmup_never_trains_on(tiny_tokeniz
         assert [r.step_index for r in episode] == list(range(len(episode)))
 
 
-def test_report_fit_warns_when_the_warmup_lowered_heldout_replies(caplog) -> None:
+def test_fit_lines_warn_when_the_warmup_lowered_heldout_replies() -> None:
     fit = {"episodes": 16.0, "steps": 5.0, "reply_prob": 0.63, "reply_prob_base": 0.29,
            "episode_prob": 0.11, "episode_prob_base": 0.002}  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="agent_core.run.warmup"):
-        report_fit(fit)
-    (record,) = caplog.records
-    assert record.levelno == logging.INFO
-    assert "probability 0.630 per step (base model 0.290)" in record.getMessage()
-    assert "whole solver episode with 0.110 (base 0.002)" in record.getMessage()
-
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="agent_core.run.warmup"):
-        report_fit(fit | {"reply_prob": 0.2})
-    (message,) = _warnings(caplog)
-    assert "LOWER than before the warm-up" in message and "warmup.tasks" in message
+    (line,) = fit_lines(fit)
+    assert line.startswith("warm-up on 16 held-out solver episodes of 5.0 steps")
+    assert "probability 0.630 per step (base model 0.290)" in line
+    assert "whole solver episode with 0.110 (base 0.002)" in line
+    _, warning = fit_lines(fit | {"reply_prob": 0.2})
+    assert warning.startswith("  warning: the warm-up made the solver's held-out replies less")
+    assert "warmup.tasks" in warning
+    assert fit_lines({}) == []  # no held-out episodes: nothing to print
