@@ -7,6 +7,7 @@ warm-up's."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from flows.train import train
 @pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True])
 def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
-    prefect_harness, tiny_model_dir: Path, tmp_path: Path, keep: bool, capsys
+    prefect_harness, tiny_model_dir: Path, tmp_path: Path, keep: bool, caplog
 ) -> None:
+    caplog.set_level(logging.INFO, logger="prefect.flow_runs")
     config = load_config(
         "smoke",
         [
@@ -42,8 +44,9 @@ def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
     for key in ("reply_prob", "episode_prob"):
         assert 0.0 < fit[key] <= 1.0 and 0.0 < fit[f"{key}_base"] <= 1.0
     assert fit["reply_prob"] != fit["reply_prob_base"]  # the warm-up moved the weights
-    printed = capsys.readouterr().out
-    assert f"warm-up on {fit['episodes']:.0f} held-out solver episodes" in printed
+    printed = [r.getMessage() for r in caplog.records]  # the flow prints to its run logger
+    line = f"warm-up on {fit['episodes']:.0f} held-out solver episodes"
+    assert any(message.startswith(line) for message in printed)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = (run / "mlflow_run_id").read_text().strip()
     (logged,) = client.get_metric_history(run_id, "warmup/heldout_reply_prob")
