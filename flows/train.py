@@ -63,8 +63,8 @@ def train(config: RunConfig) -> TrainSummary:
             held_out["base"] = evaluate_policy(config, run, 0, before_warmup=True).success_rate
         if config.warmup.enabled:
             warmed = warmup_policy(config, run)  # supervised cold start: policy version 0
-            if warmed.console:
-                print("\n".join(warmed.console))
+            if lines := warmed.console_lines():
+                print("\n".join(lines))
         if every and run.start_iteration == 1:
             held_out["iter_0000"] = evaluate_policy(config, run, 0).success_rate  # curve's start
         last = run.start_iteration - 1  # a rerun: the last committed iteration's held-out

@@ -54,9 +54,10 @@ class WarmupResult(BaseModel):
         "warm-up (`demonstration_fit`; keys ending _base are the base model's); empty when "
         "warmup.heldout_episodes is 0, the source is a file or no held-out episode was kept.",
     )
-    console: list[str] = Field(
-        default_factory=list, description="The lines the train flow prints after the warm-up."
-    )
+
+    def console_lines(self) -> list[str]:
+        """The lines the train flow prints after the warm-up (`fit_lines` of `heldout`)."""
+        return fit_lines(self.heldout)
 
 
 def solver_episodes(cfg: RunConfig, tokenizer, tasks: list[Task], label: str):
@@ -289,7 +290,6 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         metrics=metrics,
         seconds=time.perf_counter() - start,
         heldout=fit,
-        console=fit_lines(fit),
     )
     from agent_core import tracking
 
