@@ -27,7 +27,7 @@ from agent_core.core.run_folder import WARMUP_RECORD, warmup_dir
 from agent_core.envs import env_class
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
-from agent_core.rollout.loop import RolloutMeta
+from agent_core.rollout.loop import RolloutMeta, RolloutStats
 from agent_core.run import trainers
 from agent_core.run.evaluate import eval_tasks
 from agent_core.trainer.batching import TrainRow
@@ -60,7 +60,9 @@ class WarmupResult(BaseModel):
         return fit_lines(self.heldout)
 
 
-def solver_episodes(cfg: RunConfig, tokenizer, tasks: list[Task], label: str):
+def solver_episodes(
+    cfg: RunConfig, tokenizer, tasks: list[Task], label: str
+) -> tuple[list[list[Step]], list[list[Step]], RolloutStats]:
     """The env's solver played once on each of `tasks`: every trajectory, the ones its
     `keep_demonstration` keeps, and the loop's stats."""
     loop = make_loop(cfg, None, seed=cfg.run.seed, tokenizer=tokenizer)
@@ -71,12 +73,12 @@ def solver_episodes(cfg: RunConfig, tokenizer, tasks: list[Task], label: str):
 
 
 def demonstration_row(step: Step) -> TrainRow:
-    """A demonstration step as a training row (its old log-probs 0: `log_ratios` then gives
-    the policy's log-probability of the reply)."""
+    """A demonstration step as a training row (a solver's step records log-probs 0, so
+    `log_ratios` of the row is the policy's log-probability of the reply)."""
     return TrainRow(
         step.prompt_ids,
         step.response_ids,
-        [0.0] * len(step.response_ids),
+        step.response_logprobs,
         0.0,
         0.0,
         0.0,
