@@ -45,7 +45,7 @@ class AlgorithmSection(Section):
         ge=0.0,
         description="KL-in-reward: each step's reward -= kl_coef * KL(rollout policy || "
         "reference) summed over its tokens (estimators 'reinforce_pp' and 'gae'). Loads a frozen "
-        "reference model.",
+        "reference model, the one trainer.kl_loss_coef describes.",
     )
     whiten_advantages: bool = Field(
         True, description="'reinforce_pp' and 'gae': batch-global (A - mean) / std."

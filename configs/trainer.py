@@ -183,12 +183,14 @@ class TrainerSection(Section):
 
     # --- KL to a reference ---
     # A KL(policy || frozen reference) term in the loss (KL shaped into the reward is
-    # algorithm.kl_coef instead). Any coefficient > 0 loads a reference copy of the base model.
+    # algorithm.kl_coef instead). Any coefficient > 0 loads a frozen copy of policy version 0.
     kl_loss_coef: float = Field(
         0.0,
         ge=0.0,
         description="Weight of a KL(policy || frozen reference) term in the loss, reference "
-        "log-probs computed in the update. Loads a reference copy of the base model.",
+        "log-probs computed in the update. The reference is policy version 0, the policy RL "
+        "starts from: the warm-up checkpoint when warmup.enabled, else model.path (with "
+        "trainer.lora: model.path's weights under the adapters, before any warm-up).",
     )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
         "k3",
