@@ -137,6 +137,17 @@ class TrainerSection(Section):
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Entropy bonus weight (the loss subtracts coef * entropy)."
     )
+    negative_advantage_weight: float = Field(
+        1.0,
+        ge=0.0,
+        description="Multiplies every negative advantage in the policy loss (the stored "
+        "advantage stays the estimator's; the console's and MLflow's advantage diagnostics "
+        "show the weighted one). 1 = the estimator's advantages; 0 = only steps that did better "
+        "than their baseline are reinforced (positive-sample reinforcement, PSR); above 1 "
+        "weighs what did worse more (W-REINFORCE's ratio, positives at 0.1 of negatives, is "
+        "10). Rows it zeroes stay in the loss's weights, so each trajectory still weighs the "
+        "same.",
+    )
 
     # --- Off-policy correction ---
     # Rows sampled by another policy than the one the update starts from: a sampler whose
@@ -341,6 +352,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
         "clip_ratio_c",
         "loss_agg_mode",
         "entropy_coef",
+        "negative_advantage_weight",
     ),
     "Off-policy correction": (
         "old_logprobs",

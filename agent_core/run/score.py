@@ -37,7 +37,7 @@ from agent_core.rewards.scoring import configured_terms, group_trajectories, sco
 from agent_core.run import trainers
 from agent_core.run.refill import fill_batch
 from agent_core.run.report import iteration_warnings
-from agent_core.run.update import skips_zero_advantage
+from agent_core.run.update import loss_advantage, skips_zero_advantage
 from agent_core.serving.episodes import check_failed_share, episode_metrics, role_metrics
 from agent_core.trainer.batching import TrainRow
 from configs.judge import JUDGE_POLICY, JudgeTerm
@@ -138,13 +138,15 @@ def _episode_metrics(steps: list[Step]) -> dict[str, float]:
 
 
 def _update_diagnostics(cfg: RunConfig, steps: list[Step]) -> dict[str, float]:
-    """How the coming update leans (`advantage_diagnostics`), over the rows it will train on."""
+    """How the coming update leans (`advantage_diagnostics`), over the rows it will train on
+    with the advantages its loss uses."""
     success = {tid: t[-1].success for tid, t in group_trajectories(steps).items()}
     group_success = {s.group_id for s in steps if success[s.trajectory_id]}
     skip_zero = skips_zero_advantage(cfg)
     trained = [s for s in steps if s.response_ids and not (skip_zero and s.advantage == 0.0)]
+    weight = cfg.trainer.negative_advantage_weight
     return advantage_diagnostics(
-        np.array([s.advantage for s in trained]),
+        np.array([loss_advantage(s.advantage, weight) for s in trained]),
         np.array([len(s.response_ids) for s in trained]),
         np.array([s.trajectory_id for s in trained]),
         np.array([not success[s.trajectory_id] for s in trained], dtype=bool),

@@ -58,17 +58,26 @@ def skips_zero_advantage(cfg: RunConfig) -> bool:
 
 
 def train_rows(table: pa.Table, cfg: RunConfig) -> list[TrainRow]:
-    """Step rows as trainer inputs. Rows with an exactly-zero advantage carry no policy
-    gradient and are left out when nothing else (value, KL, entropy) needs them."""
+    """Step rows as trainer inputs, their negative advantages weighted as the loss weighs them
+    (`loss_advantage`). Rows whose stored advantage is exactly zero carry no policy gradient
+    and are left out when nothing else (value, KL, entropy) needs them."""
     skip_zero = skips_zero_advantage(cfg)
     names = ["prompt_ids", "response_ids", "response_logprobs", "advantage", "return", "value",
              "trajectory_id", "step_index", "group_id"]  # fmt: skip
     cols = table.select(names).to_pydict()
     rows = []
+    weight = cfg.trainer.negative_advantage_weight
     for p, r, lp, adv, ret, value, traj, k, group in zip(*(cols[n] for n in names), strict=True):
         if r and not (skip_zero and adv == 0.0):
-            rows.append(TrainRow(p, r, lp, adv, ret, value or 0.0, traj, k, group_id=group))
+            loss_adv = loss_advantage(adv, weight)
+            rows.append(TrainRow(p, r, lp, loss_adv, ret, value or 0.0, traj, k, group_id=group))
     return rows
+
+
+def loss_advantage(advantage: float, negative_weight: float) -> float:
+    """The advantage the policy loss uses: a negative one times `negative_weight`
+    (`trainer.negative_advantage_weight`), a positive one as it is."""
+    return advantage * negative_weight if advantage < 0 else advantage
 
 
 @dataclass(frozen=True)

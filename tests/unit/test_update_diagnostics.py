@@ -1,6 +1,7 @@
 """Update diagnostics on a constructed batch whose answers are known: the loss-weighted mean
 advantage per aggregation, the loss weight on failed trajectories, the importance estimate of
-the reward after the update, falling-reward streaks read from run records, and the warnings."""
+the reward after the update, falling-reward streaks read from run records, the warnings, and
+the loss's weight on negative advantages."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from agent_core.core.results import ScoreResult
 from agent_core.core.run_folder import LOGGED_MARK, iteration_dir
 from agent_core.run.report import LogResult, _entropy_ratio, console_lines
 from agent_core.run.score import _reward_falling, _update_diagnostics
-from agent_core.run.update import _reward_after_update
+from agent_core.run.update import _reward_after_update, train_rows
 from agent_core.trainer.batching import TrainRow
 from configs.run_config import RunConfig
 
@@ -266,3 +267,34 @@ def test_an_entropy_rise_is_named_with_its_ratio() -> None:
     assert "response_text" in warned[0]  # where to look
     cfg.tracking.warn_advantage_bias = 0.6
     assert "  warning: " + warned[0] in console_lines(cfg, 8, risen)
+
+
+def test_negative_advantage_weight_scales_the_loss_rows_and_its_diagnostics() -> None:
+    table = pa.table({
+        "prompt_ids": [[1, 2]] * 4, "response_ids": [[3, 4], [5], [6], []],
+        "response_logprobs": [[-1.0, -1.0], [-1.0], [-1.0], []],
+        "advantage": [0.5, -0.5, 0.0, -0.5], "return": [1.0, 0.0, 0.0, 0.0],
+        "value": [None] * 4, "trajectory_id": ["s", "f", "z", "e"],
+        "step_index": [0] * 4, "group_id": ["g"] * 4,
+    })  # fmt: skip
+    cfg = RunConfig()
+    assert [r.advantage for r in train_rows(table, cfg)] == [0.5, -0.5]  # weight 1: as stored
+    cfg.trainer.negative_advantage_weight = 0.5
+    assert [r.advantage for r in train_rows(table, cfg)] == [0.5, -0.25]
+    cfg.trainer.negative_advantage_weight = 0.0
+    # the zeroed row stays (its trajectory still counts in the loss's weights); the row stored
+    # at exactly 0 and the empty reply are left out as before
+    rows = train_rows(table, cfg)
+    assert [(r.trajectory_id, r.advantage) for r in rows] == [("s", 0.5), ("f", 0.0)]
+
+    # the diagnostics weigh what the loss weighs: of four trajectories (each 0.25 of the weight
+    # under traj-mean-token-mean) the two successes keep +0.5, the failures' -0.5 become 0
+    cfg.trainer.loss_agg_mode = "traj-mean-token-mean"
+    metrics = _update_diagnostics(cfg, _steps())
+    assert metrics["advantage/weighted_mean"] == pytest.approx(0.25)
+    assert metrics["advantage/weighted_bias"] == pytest.approx(1.0)
+    assert metrics["loss_weight/failed_share"] == pytest.approx(0.5)
+    cfg.trainer.negative_advantage_weight = 0.5
+    assert _update_diagnostics(cfg, _steps())["advantage/weighted_mean"] == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="negative_advantage_weight"):
+        RunConfig.model_validate({"trainer": {"negative_advantage_weight": -1.0}})
