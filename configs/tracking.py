@@ -49,7 +49,8 @@ class TrackingSection(Section):
         "(advantage/weighted_mean, weighted as trainer.loss_agg_mode weighs the loss) exceeds "
         "this share of the loss-weighted mean |advantage| (advantage/weighted_bias, in [-1, 1]): "
         "the update then pushes most sampled tokens one way, e.g. down when failures run longer "
-        "than successes under token-mean. >= 1 = never.",
+        "than successes under token-mean. A lean trainer.negative_advantage_weight builds in "
+        "(up below 1, down above 1) is not warned of. >= 1 = never.",
     )
     warn_no_success_share: float = Field(
         0.8,

@@ -125,17 +125,21 @@ def update_warnings(
     no_success_limit: float,
     kl_limit: float,
     entropy_limit: float,
+    negative_weight: float = 1.0,
 ) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
     (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, at least
     `no_success_limit` of the gradient's weight from groups where nothing succeeded, the
     sampled reward falling `falling_limit` (> 0) iterations in a row, or, once the update ran,
     its `actor/approx_kl` above `kl_limit` (> 0) and its entropy at least `entropy_limit` (> 0)
-    times the run's first update's (`warning/entropy_ratio`)."""
+    times the run's first update's (`warning/entropy_ratio`). A lean the loss's weight on
+    negative advantages builds in (`negative_weight`, trainer.negative_advantage_weight: up
+    below 1, down above 1) is not warned of."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
-    if abs(bias) > bias_limit:
-        direction = "down" if bias < 0 else "up"
+    direction = "down" if bias < 0 else "up"
+    built_in = "up" if negative_weight < 1 else "down" if negative_weight > 1 else None
+    if abs(bias) > bias_limit and direction != built_in:
         hint = " (trainer.loss_agg_mode=traj-mean-token-mean weighs each trajectory alike)"
         if mode == "traj-mean-token-mean":
             hint = ""

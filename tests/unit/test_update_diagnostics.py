@@ -190,6 +190,14 @@ def test_warnings_and_console_lines() -> None:
         "success; refill.drop=[no_success] leaves such groups out and refills the batch "
         "from new tasks"
     ]
+    # a lean the loss's weight on negative advantages builds in is no news: this batch leans
+    # down, which a weight above 1 builds in and a weight below 1 does not
+    assert update_warnings(metrics, 0.2, 3, "token-mean", 0.8, 0.05, 2.0, 10.0) == [warnings[1]]
+    assert update_warnings(metrics, 0.2, 3, "token-mean", 0.8, 0.05, 2.0, 0.0) == warnings
+    lean_up = metrics | {"advantage/weighted_bias": 1.0, "advantage/weighted_mean": 0.25}
+    assert "pushes most sampled tokens up" in update_warnings(
+        lean_up, 0.2, 0, "token-mean", 0.8, 0.05, 2.0)[0]  # fmt: skip
+    assert update_warnings(lean_up, 0.2, 3, "token-mean", 0.8, 0.05, 2.0, 0.0) == [warnings[1]]
     in_use = update_warnings(metrics, 0.2, 0, "traj-mean-token-mean", 0.8, 0.05, 2.0)
     assert len(in_use) == 1 and "traj-mean-token-mean" not in in_use[0]
     lines = console_lines(cfg, 4, metrics)
