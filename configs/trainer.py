@@ -141,12 +141,12 @@ class TrainerSection(Section):
         1.0,
         ge=0.0,
         description="Multiplies every negative advantage in the policy loss (the stored "
-        "advantage stays the estimator's; the console's and MLflow's advantage diagnostics "
-        "show the weighted one). 1 = the estimator's advantages; 0 = only steps that did better "
-        "than their baseline are reinforced (positive-sample reinforcement, PSR); above 1 "
-        "weighs what did worse more (W-REINFORCE's ratio, positives at 0.1 of negatives, is "
-        "10). Rows it zeroes stay in the loss's weights, so each trajectory still weighs the "
-        "same.",
+        "advantage and advantage/mean stay the estimator's; the loss-weighted diagnostics, "
+        "advantage/weighted_* and loss_weight/*, use the weighted one). 1 = the estimator's "
+        "advantages; 0 = only steps that did better than their baseline are reinforced "
+        "(positive-sample reinforcement, PSR); above 1 weighs what did worse more "
+        "(W-REINFORCE's ratio, positives at 0.1 of negatives, is 10). Rows it zeroes stay in "
+        "the loss's weights, so each trajectory still weighs the same.",
     )
 
     # --- Off-policy correction ---
