@@ -295,6 +295,8 @@ def log_iteration(
     metrics["warning/entropy_ratio"] = _entropy_ratio(
         Path(run.run_dir), iteration, metrics.get("actor/entropy", 0.0)
     )
+    # scoring's warnings and the update's (approx_kl, entropy): what the console lines print
+    metrics["warning/count"] = float(len(iteration_warnings(cfg, metrics)))
     metrics["timing_s/log"] = time.perf_counter() - start
     tracking.log_metrics(t, run.mlflow_run_id, iteration, metrics)
     if t.plot_curve:

@@ -169,14 +169,15 @@ def _reward_falling(run_dir: Path, iteration: int, reward: float, limit: int) ->
 
 
 def _warn(cfg: RunConfig, run_dir: Path, iteration: int, metrics: dict) -> dict[str, float]:
-    """Log the iteration's warnings (`iteration_warnings`); returns the metrics they add."""
+    """Log the scoring-time warnings (`iteration_warnings`, before the update's metrics exist);
+    returns the metrics they add. `report.log_iteration` counts them again with the update's."""
     limit = cfg.tracking.warn_reward_falling
     falling = _reward_falling(run_dir, iteration, metrics["reward/mean"], limit)
     added = {"warning/reward_falling_iterations": float(falling)}
     warnings = iteration_warnings(cfg, metrics | added)
     for warning in warnings:
         log.warning("iteration %d: %s", iteration, warning)
-    return added | {"warning/count": float(len(warnings))}
+    return added
 
 
 def reward_in_place(

@@ -23,7 +23,7 @@ from agent_core.algorithms.diagnostics import (
 from agent_core.core.records import Step
 from agent_core.core.results import ScoreResult
 from agent_core.core.run_folder import LOGGED_MARK, iteration_dir
-from agent_core.run.report import LogResult, _entropy_ratio, console_lines
+from agent_core.run.report import LogResult, _entropy_ratio, console_lines, iteration_warnings
 from agent_core.run.score import _reward_falling, _update_diagnostics
 from agent_core.run.update import _reward_after_update, train_rows
 from agent_core.trainer.batching import TrainRow
@@ -306,3 +306,41 @@ def test_negative_advantage_weight_scales_the_loss_rows_and_its_diagnostics() ->
     assert _update_diagnostics(cfg, _steps())["advantage/weighted_mean"] == pytest.approx(0.125)
     with pytest.raises(ValueError, match="negative_advantage_weight"):
         RunConfig.model_validate({"trainer": {"negative_advantage_weight": -1.0}})
+
+
+def test_warning_count_in_mlflow_counts_the_updates_warnings_too(tmp_path: Path) -> None:
+    from agent_core import tracking
+    from agent_core.config.load import load_config
+    from agent_core.core.results import PartitionResult, RunHandle, ShardResult, UpdateResult
+    from agent_core.replay import commit_partition, steps_to_table
+    from agent_core.run.report import log_iteration
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config("smoke", [f"tracking.tracking_uri={uri}", "tracking.sample_trajectories=0",
+                                "tracking.traces_per_iteration=0", "tracking.plot_curve=false",
+                                "tracking.log_checkpoints=false"])  # fmt: skip
+    run_dir = tmp_path / "run"
+    path = commit_partition(run_dir, 1, steps_to_table(_steps()))
+    run_id = tracking.start_or_resume_run(cfg.tracking, run_dir, "w", {}, {})
+    run = RunHandle(run_dir=str(run_dir), mlflow_run_id=run_id, base_model="",
+                    start_iteration=1, iterations=1)  # fmt: skip
+    # scoring saw nothing to warn of (traj-mean weighs this batch's advantages to 0) ...
+    cfg.trainer.loss_agg_mode = "traj-mean-token-mean"
+    scored_metrics = _update_diagnostics(cfg, _steps()) | {
+        "reward/mean": 0.5, "success_rate": 0.5, "advantage/zero_variance_group_share": 0.0,
+        "warning/reward_falling_iterations": 0.0,
+    }  # fmt: skip
+    assert iteration_warnings(cfg, scored_metrics) == []
+    scored = ScoreResult(iteration=1, path="", steps=14, trajectories=4, metrics=scored_metrics,
+                         seconds=0)  # fmt: skip
+    partition = PartitionResult(iteration=1, path=str(path), rows=14, sha256="", seconds=0)
+    # ... the update then moved the policy far (the code guess's iteration 7: approx_kl 0.071)
+    updated = UpdateResult(iteration=1, policy_version=1, checkpoint="", seconds=0,
+                           metrics={"approx_kl": 0.071, "policy_loss": 0.1, "entropy": 0.3})  # fmt: skip
+    shard = ShardResult(iteration=1, shard=0, path="", episodes=4, steps=14, generate_calls=14,
+                        generated_tokens=80, prompt_tokens=28, generate_seconds=1, seconds=1)  # fmt: skip
+    logged = log_iteration(cfg, run, 1, [shard], scored, partition, updated)
+    warned = [line for line in logged.console if line.startswith("  warning: ")]
+    assert len(warned) == 1 and "approx_kl 0.071" in warned[0]
+    history = tracking.client_for(cfg.tracking).get_metric_history(run_id, "warning/count")
+    assert [(m.step, m.value) for m in history] == [(1, 1.0)]
