@@ -70,6 +70,17 @@ class RunConfig(Section):
         return r.workers * r.worker_cpus + (t.ranks * t.rank_cpus if t.ranks > 1 else 0.0)
 
     @model_validator(mode="after")
+    def _demonstrations_have_a_file(self) -> RunConfig:
+        w = self.warmup
+        if self.trainer.demonstration_loss_coef > 0 and w.source == "file" and not w.path:
+            raise ValueError(
+                "trainer.demonstration_loss_coef > 0 trains on the warm-up's demonstrations, "
+                "and warmup.source='file' has no warmup.path: set warmup.path (a .parquet or "
+                ".jsonl of steps) or warmup.source=solver"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _local_ray_fits(self) -> RunConfig:
         r, t = self.rollout, self.trainer
         need = self.actor_cpus()

@@ -149,6 +149,25 @@ class TrainerSection(Section):
         "the loss's weights, so each trajectory still weighs the same.",
     )
 
+    # --- Demonstrations in RL ---
+    # A supervised term on the warm-up's demonstrations in every RL optimizer step (InstructGPT's
+    # PPO-ptx and OpenRLHF's ptx_coef mix a pretraining loss the same way): RL is pulled back
+    # toward what the solver does while it reinforces what the policy's own samples did well.
+    demonstration_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the mean negative log-likelihood of demonstration replies (at "
+        "temperature 1) added to every RL optimizer step's loss; the demonstrations are the "
+        "warm-up's (warmup.source, warmup.path, warmup.tasks: the same rows, whether or not "
+        "warmup.enabled). 0 = off. actor/demonstration_nll logs the term before each step.",
+    )
+    demonstration_rows: int = Field(
+        16,
+        ge=1,
+        description="Demonstration replies (step rows) drawn per RL optimizer step, without "
+        "replacement within a step, seeded by the run's seed and the iteration.",
+    )
+
     # --- Off-policy correction ---
     # Rows sampled by another policy than the one the update starts from: a sampler whose
     # log-probs differ from the trainer's (bf16 weights, vLLM), or, with asynchronous training,
@@ -354,6 +373,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
         "entropy_coef",
         "negative_advantage_weight",
     ),
+    "Demonstrations in RL": ("demonstration_loss_coef", "demonstration_rows"),
     "Off-policy correction": (
         "old_logprobs",
         "off_policy_correction",

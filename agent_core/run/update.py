@@ -1,6 +1,7 @@
 """The update phase: policy `iteration - 1` trained on the iteration's committed rows (plus
 replayed rows of earlier iterations when `replay` is on; with overlap, less the rows older than
-`overlap.max_staleness`), checkpoint `iteration` saved, what became of each drawn task recorded
+`overlap.max_staleness`; with trainer.demonstration_loss_coef, a supervised term on the
+warm-up's demonstrations), checkpoint `iteration` saved, what became of each drawn task recorded
 (refill rounds' tasks included), the `latest` pointer moved and old checkpoints pruned.
 """
 
@@ -44,6 +45,7 @@ from agent_core.replay.staleness import (
 )
 from agent_core.replay.store import read_partition, scan_committed
 from agent_core.run import trainers
+from agent_core.run.warmup import warmup_rows
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import metrics_dict
 from configs.run_config import RunConfig
@@ -171,7 +173,11 @@ def update(
     table = partition_rows.filter(pa.array(~too_old))
     rows = train_rows(table, cfg)
     past = replayed_rows(cfg, run_dir, iteration, len(rows))
-    metrics = metrics_dict(trainer.update(rows if past is None else rows + past.rows, iteration))
+    demonstrations = None
+    if cfg.trainer.demonstration_loss_coef:
+        demonstrations = warmup_rows(cfg, trainer.tokenizer)[0]
+    trained = rows if past is None else rows + past.rows
+    metrics = metrics_dict(trainer.update(trained, iteration, demonstrations=demonstrations))
     if cfg.trainer.estimate_reward_after_update:  # of this iteration's trajectories only
         metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
     if past is not None:

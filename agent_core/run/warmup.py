@@ -227,6 +227,15 @@ def file_rows(path: str) -> tuple[list[TrainRow], int, float]:
     return rows, good.height, good.height / max(1, frame.height)
 
 
+def warmup_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
+    """The warm-up's demonstrations as `warmup.source` names them (`solver_rows` or
+    `file_rows`): the same rows each call, which trainer.demonstration_loss_coef trains on in
+    every RL update too."""
+    if cfg.warmup.source == "solver":
+        return solver_rows(cfg, tokenizer)
+    return file_rows(cfg.warmup.path or "")
+
+
 def fit_lines(fit: dict[str, float]) -> list[str]:
     """The console's lines on the held-out solver episodes (none without them), and a
     warning when the warm-up made the solver's held-out replies less likely than the base
@@ -270,12 +279,9 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     live.release(run_dir)  # nothing cached may hold weights older than the warm-up
     trainer = trainers.build_trainer(_warmup_config(cfg), Path(run.base_model), None)
     heldout, fit = [], {}
-    if cfg.warmup.source == "solver":
-        rows, episodes, success = solver_rows(cfg, trainer.tokenizer)
-        if cfg.warmup.heldout_episodes:
-            heldout = heldout_episodes(cfg, trainer.tokenizer)
-    else:
-        rows, episodes, success = file_rows(cfg.warmup.path or "")
+    rows, episodes, success = warmup_rows(cfg, trainer.tokenizer)
+    if cfg.warmup.source == "solver" and cfg.warmup.heldout_episodes:
+        heldout = heldout_episodes(cfg, trainer.tokenizer)
     if heldout:
         fit = {f"{k}_base": v for k, v in heldout_fit(trainer, heldout).items() if k != "steps"}
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))

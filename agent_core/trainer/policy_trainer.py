@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -70,6 +71,11 @@ class UpdateMetrics:
     early_stopped: int = 0
     early_stop_kl: float = 0.0
     nonfinite_losses: int = 0
+    # trainer.demonstration_loss_coef: the demonstration replies' mean negative log-likelihood
+    # per token (T = 1) over the update's optimizer steps, each measured before its step, and
+    # the demonstration rows the update trained on (0 and 0 when off)
+    demonstration_nll: float = 0.0
+    demonstration_rows: int = 0
     rows: int = 0
     sequences: int = 0
     packed_trajectories: int = 0
@@ -102,7 +108,7 @@ class UpdateMetrics:
 
 # per-micro-batch sums that ranks add up ("norm" is global already)
 _SUMMED = {"loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy",
-           "kl_ref", "value_loss", "value_clip_fraction"}  # fmt: skip
+           "kl_ref", "value_loss", "value_clip_fraction", "demonstration_nll"}  # fmt: skip
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -275,10 +281,16 @@ class PolicyTrainer:
                 for r, lp, w in zip(rows, proximal, weights, strict=True)]  # fmt: skip
 
     def update(
-        self, rows: list[TrainRow], iteration: int, epochs: int | None = None
+        self,
+        rows: list[TrainRow],
+        iteration: int,
+        epochs: int | None = None,
+        demonstrations: list[TrainRow] | None = None,
     ) -> UpdateMetrics:
         """Run `epochs` (default trainer.epochs) passes over `rows`: one optimizer step per
-        mini-batch of sequences; its gradient is the configured aggregate over its tokens."""
+        mini-batch of sequences; its gradient is the configured aggregate over its tokens, plus
+        trainer.demonstration_loss_coef times the mean NLL of trainer.demonstration_rows rows
+        drawn from `demonstrations` for that step (`_demonstration_draws`)."""
         start = time.perf_counter()
         epochs = self.cfg.epochs if epochs is None else epochs
         metrics = UpdateMetrics(rows=len(rows), bf16_autocast=int(self.compute_dtype == "bfloat16"))
@@ -289,6 +301,7 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         micro_count = 0
         first_plan = self.minibatch_plan(sequences, rows, iteration, 0)
+        draws = self._demonstration_draws(demonstrations, iteration)
         progress.start("update", len(first_plan) * epochs)
         trajectories = trajectory_mass(rows, range(len(rows)))
         for epoch in range(epochs):
@@ -299,7 +312,10 @@ class PolicyTrainer:
             # long (often failed) trajectory more
             traj_count = trajectories / max(1, len(plan))
             for mini in plan:
-                micro_count += self._mini_step(mini, sequences, rows, metrics, sums, traj_count)
+                demo = next(draws) if draws is not None else None
+                micro_count += self._mini_step(
+                    mini, sequences, rows, metrics, sums, traj_count, demo
+                )
                 progress.advance("update")
                 if metrics.early_stopped:
                     break
@@ -311,6 +327,7 @@ class PolicyTrainer:
         micro_count = self._sum_over_ranks(metrics, sums, micro_count)
         steps, n_micro = max(1, metrics.optimizer_steps), max(1, micro_count)
         metrics.policy_loss = sums.get("loss", 0.0) / steps
+        metrics.demonstration_nll = sums.get("demonstration_nll", 0.0) / steps
         metrics.grad_norm = sums.get("norm", 0.0) / steps
         metrics.lr = sums.get("lr", 0.0) / steps
         for key in ("clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy",
@@ -335,10 +352,18 @@ class PolicyTrainer:
         return int(values[-1])
 
     def _mini_step(
-        self, mini, sequences, rows, metrics: UpdateMetrics, sums: dict, traj_count: float
+        self,
+        mini,
+        sequences,
+        rows,
+        metrics: UpdateMetrics,
+        sums: dict,
+        traj_count: float,
+        demo: list[TrainRow] | None = None,
     ) -> int:
-        """Accumulate gradients over the micro-batches of one mini-batch, then step once (or
-        skip the step when the gradient is not finite). Returns micro-batches processed.
+        """Accumulate gradients over the micro-batches of one mini-batch (and, with `demo`,
+        the demonstration loss over those rows), then step once (or skip the step when the
+        gradient is not finite). Returns the mini-batch's micro-batches processed.
         `traj_count`: the traj-mean-token-mean divisor, the same for every mini-batch."""
         micros = [[sequences[i] for i in micro] for micro in mini]
         token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
@@ -360,6 +385,11 @@ class PolicyTrainer:
                 sums[key] = sums.get(key, 0.0) + value
             metrics.trained_tokens += batch.response_tokens
             metrics.padded_tokens += int(batch.input_ids.numel())
+        if demo:
+            metrics.demonstration_rows += len(demo)
+            sums["demonstration_nll"] = sums.get("demonstration_nll", 0.0) + self._demo_backward(
+                demo, metrics
+            )
         if self._passed_target_kl(metrics, sums.get("approx_kl", 0.0) - kl_before, done):
             self.engine.zero_grad()  # this mini-batch's gradient is not applied either
             return done
@@ -518,12 +548,45 @@ class PolicyTrainer:
         parts["entropy"] = float(entropy.detach().mean())
         return parts
 
-    def _sft_backward(self, batch: MicroBatch, token_count: int, weight: float) -> dict[str, float]:
-        """Supervised warm-up: mean negative log-likelihood of the response tokens (T = 1)."""
+    def _sft_backward(
+        self, batch: MicroBatch, token_count: int, weight: float, coef: float = 1.0
+    ) -> dict[str, float]:
+        """Supervised warm-up: mean negative log-likelihood of the response tokens (T = 1),
+        this micro-batch's share of it; its gradient times `coef`."""
         logp, _, _ = self._logprobs(self.engine, batch, with_values=False, temperature=1.0)
         loss = -logp.sum() / token_count
-        self._backward(loss, weight)
+        self._backward(loss * coef, weight)
         return {"loss": float(loss.detach())}
+
+    def _demonstration_draws(self, demonstrations: list[TrainRow] | None, iteration: int):
+        """For each optimizer step of the update, trainer.demonstration_rows rows of
+        `demonstrations` (without replacement within a step; all of them when fewer), drawn by
+        the run's seed and `iteration` so that every rank draws the same; None when the
+        demonstration loss is off or there are none."""
+        if not demonstrations or not self.cfg.demonstration_loss_coef or self._sft:
+            return None
+        rng = random.Random(self.seed + 7919 * iteration)
+        count = min(self.cfg.demonstration_rows, len(demonstrations))
+        return iter(lambda: rng.sample(demonstrations, count), None)
+
+    def _demo_backward(self, demo: list[TrainRow], metrics: UpdateMetrics) -> float:
+        """Gradient of trainer.demonstration_loss_coef times the mean NLL of the `demo` rows'
+        reply tokens, accumulated beside the mini-batch's policy loss; returns the NLL (this
+        rank's share: the shares add up to the mean over `demo`)."""
+        sequences, _ = build_sequences(demo, pack=False)
+        token_count = sum(len(r.response_ids) for r in demo)
+        micros = self._unpacked_micros(sequences)
+        nll = 0.0
+        for seqs, counts in rank_share(micros, self.rank, self.world):
+            batch = self._collate(seqs, demo)
+            coef = self.cfg.demonstration_loss_coef
+            try:
+                part = self._sft_backward(batch, token_count, float(counts), coef)
+            except FloatingPointError:
+                metrics.nonfinite_losses += int(counts)  # this micro-batch adds no gradient
+                continue
+            nll += part["loss"] if counts else 0.0
+        return nll
 
     def sft_update(self, rows: list[TrainRow], epochs: int, learning_rate: float) -> UpdateMetrics:
         """Fine-tune on demonstration rows (response tokens only) with their own learning rate
@@ -547,20 +610,24 @@ class PolicyTrainer:
             return 0.0
         return float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])))
 
-    @torch.no_grad()
-    def _per_step(self, module, rows: list[TrainRow], with_values: bool):
-        """Unpacked no-grad forwards over `rows`: per-row token log-probs and values."""
-        sequences, _ = build_sequences(rows, pack=False)
-        logps: list[list[float]] = [[] for _ in rows]
-        values = [0.0] * len(rows)
+    def _unpacked_micros(self, sequences: list[TrainSequence]) -> list[list[TrainSequence]]:
+        """`sequences` in micro-batches of trainer.micro_batch_size (with shared_prefix, prefix
+        trees within micro_batch_tokens positions)."""
         size, everything = self.cfg.micro_batch_size, list(range(len(sequences)))
         if self._tree is not None:
             tokens = [s.input_ids for s in sequences]
             micros = tree_microbatches(tokens, everything, size, self._tree)
         else:
             micros = [everything[start : start + size] for start in range(0, len(everything), size)]
-        for micro in micros:
-            seqs = [sequences[i] for i in micro]
+        return [[sequences[i] for i in micro] for micro in micros]
+
+    @torch.no_grad()
+    def _per_step(self, module, rows: list[TrainRow], with_values: bool):
+        """Unpacked no-grad forwards over `rows`: per-row token log-probs and values."""
+        sequences, _ = build_sequences(rows, pack=False)
+        logps: list[list[float]] = [[] for _ in rows]
+        values = [0.0] * len(rows)
+        for seqs in self._unpacked_micros(sequences):
             batch = self._collate(seqs, rows)
             logp, _, vals = self._logprobs(module, batch, with_values)
             step_rows = [span[0] for q in seqs for span in q.spans]

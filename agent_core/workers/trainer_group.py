@@ -195,9 +195,10 @@ class TrainerGroup:
         shared = [ray.put(a) if isinstance(a, list) else a for a in args]  # rows: put once
         return self._gather([r.call.remote(method, *shared) for r in self.ranks], method)
 
-    def update(self, rows, iteration: int, epochs: int | None = None):
-        """One update over `rows`, each rank training on its share of every mini-batch."""
-        return self._all("update", rows, iteration, epochs)
+    def update(self, rows, iteration: int, epochs: int | None = None, demonstrations=None):
+        """One update over `rows`, each rank training on its share of every mini-batch (and of
+        every step's draw of `demonstrations`)."""
+        return self._all("update", rows, iteration, epochs, demonstrations)
 
     def sft_update(self, rows, epochs: int, learning_rate: float):
         """Supervised warm-up on demonstration rows, split over the ranks like `update`."""
