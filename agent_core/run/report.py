@@ -193,7 +193,8 @@ def _log_browsables(cfg: RunConfig, run: RunHandle, iteration: int, upd: UpdateR
 def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> list[str]:
     """The iteration's console lines: reward and loss; how the update leaned (the mean
     advantage as the loss weighs it, the loss weight on failed trajectories, the estimated
-    reward after the update when it was estimated); with overlap, the rows' staleness; with
+    reward after the update when it was estimated, the demonstrations' NLL when the update
+    trained on them); with overlap, the rows' staleness; with
     dynamic sampling, the groups kept and dropped; then each warning."""
     m = metrics
     lines = [
@@ -214,6 +215,8 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
                 f" reward {m['actor/reward_before_update']:.3f} -> "
                 f"~{m['actor/reward_after_update_estimate']:.3f} (estimate)"
             )
+        if cfg.trainer.demonstration_loss_coef and "actor/demonstration_nll" in m:
+            lean += f" demonstration NLL={m['actor/demonstration_nll']:.3f}"
         lines.append(lean)
     if cfg.overlap.max_staleness and "actor/async/staleness_mean" in m:  # how old it trained
         lines.append(

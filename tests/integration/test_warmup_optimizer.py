@@ -2,7 +2,8 @@
 RL; false leaves them out of the warm-up checkpoint, so the RL trainer built from it (the first
 iteration's, or a rerun's) starts with fresh moments. Checked through the `train` flow: the Adam
 step count in iteration 1's checkpoint is the RL update's own steps, or those plus the
-warm-up's."""
+warm-up's. The fresh-moments run also sets trainer.demonstration_loss_coef: its update draws
+the warm-up's demonstrations."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
             "tracking.log_checkpoints=false", "run.iterations=1",
             "warmup.enabled=true", "warmup.tasks=4", "warmup.epochs=1",
             f"warmup.keep_optimizer_state={str(keep).lower()}",
+            # fresh moments' run also trains on the warm-up's demonstrations in RL
+            f"trainer.demonstration_loss_coef={0.0 if keep else 0.5}",
         ],
     )  # fmt: skip
     summary = train(config)
@@ -53,6 +56,11 @@ def test_rl_starts_from_the_warmup_with_fresh_or_carried_moments(
     assert logged.value == pytest.approx(fit["reply_prob"])
     rl = summary.last_metrics["actor/optimizer_steps"]
     assert warmup > 0 and rl > 0
+    # the update re-read the warm-up's demonstrations and drew them for every RL step
+    drawn = summary.last_metrics["actor/demonstration_rows"]
+    nll = summary.last_metrics["actor/demonstration_nll"]
+    assert (drawn > 0 and nll > 0) if not keep else (drawn, nll) == (0.0, 0.0)
+    assert any("demonstration NLL=" in message for message in printed) == (not keep)
     assert (run / "checkpoints" / "warmup" / "deepspeed").is_dir() == keep
     (states,) = (run / "checkpoints" / "iter_0001" / "deepspeed").rglob("*model_states.pt")
     moments = torch.load(states, weights_only=False)["optimizer"]["state"]

@@ -126,3 +126,16 @@ def test_a_file_source_without_a_path_fails_at_load() -> None:
             "learn_general",
             ["trainer.demonstration_loss_coef=0.1", "warmup.enabled=false", "warmup.source=file"],
         )
+
+
+def test_every_update_reads_the_warm_ups_own_rows_again(tiny_tokenizer) -> None:
+    """The update reads the demonstrations again instead of storing them: the solver's rows
+    on the warm-up's tasks are the same rows each time, tokens and ids."""
+    from agent_core.run.warmup import warmup_rows
+
+    cfg = load_config("smoke", ["warmup.tasks=6"])
+    first, episodes, _ = warmup_rows(cfg, tiny_tokenizer)
+    again, _, _ = warmup_rows(cfg, tiny_tokenizer)
+    assert episodes == 6 and len(first) >= 6
+    key = [(r.trajectory_id, r.step_index, r.prompt_ids, r.response_ids) for r in first]
+    assert key == [(r.trajectory_id, r.step_index, r.prompt_ids, r.response_ids) for r in again]

@@ -205,6 +205,12 @@ def test_warnings_and_console_lines() -> None:
     assert "advantage=-0.250 (bias -0.50) failed-trajectory weight=0.75" in lines[1]
     assert "reward 0.500 -> ~0.420 (estimate)" in lines[1]
     assert [line.startswith("  warning: ") for line in lines[2:]] == [True, True]
+    assert "demonstration" not in lines[1]
+    demo_cfg = cfg.model_copy(
+        update={"trainer": cfg.trainer.model_copy(update={"demonstration_loss_coef": 0.5})}
+    )
+    demo = console_lines(demo_cfg, 4, metrics | {"actor/demonstration_nll": 0.4321})
+    assert demo[1].endswith("(estimate) demonstration NLL=0.432")
 
 
 def test_a_far_update_is_named_with_its_approx_kl() -> None:
