@@ -182,7 +182,10 @@ class _FakeTrainer:
     def __init__(self) -> None:
         self.trained: list[list[TrainRow]] = []
 
-    def update(self, rows: list[TrainRow], iteration: int) -> UpdateMetrics:
+    def update(
+        self, rows: list[TrainRow], iteration: int, demonstrations: list[TrainRow] | None = None
+    ) -> UpdateMetrics:
+        assert demonstrations is None  # trainer.demonstration_loss_coef is 0 in these configs
         self.trained.append(rows)
         return UpdateMetrics(rows=len(rows))
 
