@@ -1,6 +1,7 @@
-"""Opening and closing a run: lock the folder, make the model folder exist, reopen or create the
-run folder and its MLflow run, find the first unfinished iteration and repair what a crash left
-in it; at the end, release the folder and its live objects.
+"""Opening and closing a run: refuse a warm-up or demonstration loss the env has no solver
+for, lock the folder, make the model folder exist, reopen or create the run folder and its
+MLflow run, find the first unfinished iteration and repair what a crash left in it; at the
+end, release the folder and its live objects.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from agent_core.core.run_folder import (
     staged_shards,
     warmup_dir,
 )
+from agent_core.envs import env_class
+from agent_core.envs.base import AgentEnv
 from agent_core.models import ensure_model_folder
 from agent_core.replay.store import (
     CorruptPartitionError,
@@ -76,6 +79,7 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     """Lock the run folder (while this run lives, another run of the same name is refused;
     finish_run unlocks), make the model folder exist, create or reopen the run folder and its
     MLflow run, and find the first iteration not yet complete."""
+    refuse_missing_solver(cfg)
     run_dir = run_dir_of(cfg)
     run_lock.acquire(run_dir, cfg.run.name)
     try:
@@ -83,6 +87,27 @@ def prepare_run(cfg: RunConfig, tags: dict[str, str]) -> RunHandle:
     except BaseException:
         run_lock.release(run_dir)
         raise
+
+
+def refuse_missing_solver(cfg: RunConfig) -> None:
+    """Refuse a run at its start whose warm-up or RL demonstration loss needs the env's
+    solver demonstrations when the env has no solver (`solve_step`), naming the fixes."""
+    t, w = cfg.trainer, cfg.warmup
+    if w.source != "solver" or not (w.enabled or t.demonstration_loss_coef):
+        return
+    if env_class(cfg.env.name).solve_step is not AgentEnv.solve_step:
+        return
+    needs = []
+    if w.enabled:
+        needs.append("warmup.enabled=true")
+    if t.demonstration_loss_coef:
+        needs.append(f"trainer.demonstration_loss_coef={t.demonstration_loss_coef:g}")
+    raise ValueError(
+        f"{' and '.join(needs)} train on the env's solver demonstrations, and env "
+        f"{cfg.env.name!r} has no solver (solve_step): give the env a solve_step, or point "
+        "warmup.source=file and warmup.path at a file of steps, or set "
+        "warmup.enabled=false trainer.demonstration_loss_coef=0"
+    )
 
 
 def refuse_other_layout(cfg: RunConfig, run_dir: Path) -> None:

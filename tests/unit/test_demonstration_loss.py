@@ -1,7 +1,8 @@
 """trainer.demonstration_loss_coef: every RL optimizer step adds coef times the mean NLL of a
 draw of demonstration replies; its gradient equals a hand computation through the plain
-Hugging Face model, the update's metrics say what it trained on, and a config that names no
-demonstrations fails at load."""
+Hugging Face model, the update's metrics say what it trained on, a config that names no
+demonstrations fails at load, and a run whose env has no solver for them is refused at its
+start."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import pytest
 import torch
 
 from agent_core.config.load import load_config
+from agent_core.envs.base import AgentEnv
+from agent_core.run.prepare import refuse_missing_solver
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.trainer import TrainerSection
+
+LOOKUP = "tests.outsider.lookup_compute_env:LookupComputeEnv"
 
 
 def _reply_rows(seed: int, count: int, advantage: float) -> list[TrainRow]:
@@ -139,3 +144,30 @@ def test_every_update_reads_the_warm_ups_own_rows_again(tiny_tokenizer) -> None:
     assert episodes == 6 and len(first) >= 6
     key = [(r.trajectory_id, r.step_index, r.prompt_ids, r.response_ids) for r in first]
     assert key == [(r.trajectory_id, r.step_index, r.prompt_ids, r.response_ids) for r in again]
+
+
+class NoSolverEnv(AgentEnv):
+    """An env without a solve_step (the base class's None)."""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ([], "warmup.enabled=true and trainer.demonstration_loss_coef=0.1"),
+        (["warmup.enabled=false"], "trainer.demonstration_loss_coef=0.1 train"),
+        (["trainer.demonstration_loss_coef=0"], "warmup.enabled=true train"),
+    ],
+)
+def test_a_run_needing_a_solver_the_env_lacks_is_refused_at_its_start(
+    overrides: list[str], named: str
+) -> None:
+    cfg = load_config("learn_general", [f"env.name={__name__}:NoSolverEnv", *overrides])
+    with pytest.raises(ValueError) as refused:
+        refuse_missing_solver(cfg)
+    message = str(refused.value)
+    assert message.startswith(named)
+    assert "has no solver (solve_step)" in message
+    assert "warmup.enabled=false trainer.demonstration_loss_coef=0" in message
+    off = ["warmup.enabled=false", "trainer.demonstration_loss_coef=0"]
+    refuse_missing_solver(load_config("learn_general", [f"env.name={__name__}:NoSolverEnv", *off]))
+    refuse_missing_solver(load_config("learn_general", [f"env.name={LOOKUP}"]))  # has one
