@@ -194,8 +194,8 @@ def console_lines(cfg: RunConfig, iteration: int, metrics: dict[str, float]) -> 
     """The iteration's console lines: reward and loss; how the update leaned (the mean
     advantage as the loss weighs it, the loss weight on failed trajectories, the estimated
     reward after the update when it was estimated, the demonstrations' NLL when the update
-    trained on them); with overlap, the rows' staleness; with
-    dynamic sampling, the groups kept and dropped; then each warning."""
+    trained on them); with overlap, the rows' staleness; with dynamic sampling, the groups
+    kept and dropped; then each warning."""
     m = metrics
     lines = [
         f"iteration {iteration}: reward/mean={m['reward/mean']:.3f} "
