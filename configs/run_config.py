@@ -70,15 +70,17 @@ class RunConfig(Section):
         return r.workers * r.worker_cpus + (t.ranks * t.rank_cpus if t.ranks > 1 else 0.0)
 
     @model_validator(mode="after")
-    def _demonstrations_have_a_file(self) -> RunConfig:
-        w = self.warmup
-        if self.trainer.demonstration_loss_coef > 0 and w.source == "file" and not w.path:
-            raise ValueError(
-                "trainer.demonstration_loss_coef > 0 trains on the warm-up's demonstrations, "
-                "and warmup.source='file' has no warmup.path: set warmup.path (a .parquet or "
-                ".jsonl of steps) or warmup.source=solver"
-            )
-        return self
+    def _file_needs_path(self) -> RunConfig:
+        w, coef = self.warmup, self.trainer.demonstration_loss_coef
+        if w.source != "file" or w.path or not (w.enabled or coef > 0):
+            return self
+        users = (["warmup.enabled=true"] if w.enabled else []) + (
+            [f"trainer.demonstration_loss_coef={coef:g}"] if coef > 0 else []
+        )
+        raise ValueError(
+            f"warmup.source='file' needs warmup.path (a .parquet or .jsonl of steps): "
+            f"{' and '.join(users)} train on its demonstrations; or set warmup.source=solver"
+        )
 
     @model_validator(mode="after")
     def _local_ray_fits(self) -> RunConfig:

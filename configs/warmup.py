@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from configs.base import Section
 
@@ -48,9 +48,3 @@ class WarmupSection(Section):
         "docs/results.md, The warm-up's optimizer state). learn_general takes fresh moments "
         "with trainer.lr_warmup_steps=10, which ramps those first steps up.",
     )
-
-    @model_validator(mode="after")
-    def _file_needs_path(self) -> WarmupSection:
-        if self.enabled and self.source == "file" and not self.path:
-            raise ValueError("warmup.source='file' needs warmup.path (a .parquet or .jsonl)")
-        return self

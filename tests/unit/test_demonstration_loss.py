@@ -126,7 +126,9 @@ def test_each_step_draws_its_own_rows_the_same_way_every_time(tiny_model_dir: Pa
 
 
 def test_a_file_source_without_a_path_fails_at_load() -> None:
-    with pytest.raises(ValueError, match=r"set warmup\.path"):
+    with pytest.raises(
+        ValueError, match=r"needs warmup\.path .*demonstration_loss_coef=0\.1 train"
+    ):
         load_config(
             "learn_general",
             ["trainer.demonstration_loss_coef=0.1", "warmup.enabled=false", "warmup.source=file"],
