@@ -34,11 +34,15 @@ class HeldTrainer(Protocol):
 
 @dataclass
 class RunRuntime:
-    """The cached engine and trainer of one run folder, with the policy version each holds."""
+    """The cached engine and trainer of one run folder, with the policy version each holds,
+    and the demonstrations the RL updates train on beside their rows."""
 
     engine: Engine | None = None
     trainer: HeldTrainer | None = None
     trainer_version: int = -1
+    # the warm-up's demonstration rows (TrainRow), read once per process when
+    # trainer.demonstration_loss_coef trains every update on them
+    demonstrations: list | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     # held by whoever samples with the engine (a collect, a training eval, a policy judge), so
     # that with overlap on no thread swaps its weights while another generates

@@ -82,6 +82,19 @@ def loss_advantage(advantage: float, negative_weight: float) -> float:
     return advantage * negative_weight if advantage < 0 else advantage
 
 
+def demonstrations(cfg: RunConfig, run_dir: Path, trainer) -> list[TrainRow] | None:
+    """The warm-up's demonstration rows the update trains on with
+    trainer.demonstration_loss_coef (None when it is 0), tokenized by the `trainer`'s tokenizer:
+    read once per process and kept in the run's live objects, not played again every
+    iteration."""
+    if not cfg.trainer.demonstration_loss_coef:
+        return None
+    rt = live.runtime_for(run_dir)
+    if rt.demonstrations is None:
+        rt.demonstrations = warmup_rows(cfg, trainer.tokenizer)[0]
+    return rt.demonstrations
+
+
 @dataclass(frozen=True)
 class Replayed:
     """Past rows mixed into an update: as trainer inputs, and which they are."""
@@ -173,11 +186,9 @@ def update(
     table = partition_rows.filter(pa.array(~too_old))
     rows = train_rows(table, cfg)
     past = replayed_rows(cfg, run_dir, iteration, len(rows))
-    demonstrations = None
-    if cfg.trainer.demonstration_loss_coef:
-        demonstrations = warmup_rows(cfg, trainer.tokenizer)[0]
+    demos = demonstrations(cfg, run_dir, trainer)
     trained = rows if past is None else rows + past.rows
-    metrics = metrics_dict(trainer.update(trained, iteration, demonstrations=demonstrations))
+    metrics = metrics_dict(trainer.update(trained, iteration, demonstrations=demos))
     if cfg.trainer.estimate_reward_after_update:  # of this iteration's trajectories only
         metrics |= _reward_after_update(table, rows, trainer.log_ratios(rows))
     if past is not None:

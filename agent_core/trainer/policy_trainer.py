@@ -576,10 +576,9 @@ class PolicyTrainer:
         sequences, _ = build_sequences(demo, pack=False)
         token_count = sum(len(r.response_ids) for r in demo)
         micros = self._unpacked_micros(sequences)
-        nll = 0.0
+        nll, coef = 0.0, self.cfg.demonstration_loss_coef
         for seqs, counts in rank_share(micros, self.rank, self.world):
             batch = self._collate(seqs, demo)
-            coef = self.cfg.demonstration_loss_coef
             try:
                 part = self._sft_backward(batch, token_count, float(counts), coef)
             except FloatingPointError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -136,8 +137,9 @@ def test_a_file_source_without_a_path_fails_at_load() -> None:
 
 
 def test_every_update_reads_the_warm_ups_own_rows_again(tiny_tokenizer) -> None:
-    """The update reads the demonstrations again instead of storing them: the solver's rows
-    on the warm-up's tasks are the same rows each time, tokens and ids."""
+    """A process that resumes a run reads the demonstrations again instead of finding them
+    stored: the solver's rows on the warm-up's tasks are the same rows each time, tokens and
+    ids."""
     from agent_core.run.warmup import warmup_rows
 
     cfg = load_config("smoke", ["warmup.tasks=6"])
@@ -173,3 +175,21 @@ def test_a_run_needing_a_solver_the_env_lacks_is_refused_at_its_start(
     off = ["warmup.enabled=false", "trainer.demonstration_loss_coef=0"]
     refuse_missing_solver(load_config("learn_general", [f"env.name={__name__}:NoSolverEnv", *off]))
     refuse_missing_solver(load_config("learn_general", [f"env.name={LOOKUP}"]))  # has one
+
+
+def test_the_updates_read_the_demonstrations_once_per_process(tmp_path: Path, monkeypatch) -> None:
+    from agent_core import live
+    from agent_core.run import update
+
+    reads: list[int] = []
+    rows = _reply_rows(7, 3, 0.0)
+    trainer = SimpleNamespace(tokenizer=None)
+    monkeypatch.setattr(update, "warmup_rows", lambda cfg, tok: (reads.append(1) or rows, 3, 1.0))
+    cfg = load_config("smoke", ["trainer.demonstration_loss_coef=0.1"])
+    first = update.demonstrations(cfg, tmp_path, trainer)
+    assert update.demonstrations(cfg, tmp_path, trainer) is first is rows and reads == [1]
+    live.release(tmp_path)  # a new process (or run) reads them again
+    assert update.demonstrations(cfg, tmp_path, trainer) is rows and reads == [1, 1]
+    off = load_config("smoke", ["trainer.demonstration_loss_coef=0"])
+    assert update.demonstrations(off, tmp_path / "other", trainer) is None and reads == [1, 1]
+    live.release(tmp_path)
