@@ -108,12 +108,15 @@ def iteration_metrics(
         "timing_s/score": scored.seconds,
         "timing_s/write_replay": partition.seconds,
         "timing_s/update": upd.seconds,
-        # inside the update: old log-prob recompute, forward + backward (reference forwards
-        # included), optimizer steps, checkpoint write
+        # inside the update: old log-prob recompute, the policy loss's forward + backward
+        # (reference forwards included), the demonstration loss's forward + backward,
+        # optimizer steps, checkpoint write
         "timing_s/update_recompute": timings.get("recompute_seconds", 0.0),
         "timing_s/update_forward_backward": timings.get("seconds", 0.0)
         - timings.get("recompute_seconds", 0.0)
-        - timings.get("optimizer_seconds", 0.0),
+        - timings.get("optimizer_seconds", 0.0)
+        - timings.get("demonstration_seconds", 0.0),
+        "timing_s/update_demonstrations": timings.get("demonstration_seconds", 0.0),
         "timing_s/update_optimizer": timings.get("optimizer_seconds", 0.0),
         "timing_s/update_checkpoint": timings.get("checkpoint_seconds", 0.0),
         "timing_s/sync": sync_seconds,

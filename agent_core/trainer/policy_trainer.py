@@ -99,11 +99,13 @@ class UpdateMetrics:
     off_policy_truncated_share: float = 0.0
     off_policy_masked_share: float = 0.0
     off_policy_kl: float = 0.0
-    # where the update's time went: all of it, the old log-prob recompute forwards, and the
-    # optimizer steps (grad norm + AdamW); the rest is forward + backward
+    # where the update's time went: all of it, the old log-prob recompute forwards, the
+    # optimizer steps (grad norm + AdamW) and the demonstration loss's forward + backward; the
+    # rest is the policy loss's forward + backward
     seconds: float = 0.0
     recompute_seconds: float = 0.0
     optimizer_seconds: float = 0.0
+    demonstration_seconds: float = 0.0
 
 
 # per-micro-batch sums that ranks add up ("norm" is global already)
@@ -386,10 +388,12 @@ class PolicyTrainer:
             metrics.trained_tokens += batch.response_tokens
             metrics.padded_tokens += int(batch.input_ids.numel())
         if demo:
+            demonstrating = time.perf_counter()
             metrics.demonstration_rows += len(demo)
             sums["demonstration_nll"] = sums.get("demonstration_nll", 0.0) + self._demo_backward(
                 demo, metrics
             )
+            metrics.demonstration_seconds += time.perf_counter() - demonstrating
         if self._passed_target_kl(metrics, sums.get("approx_kl", 0.0) - kl_before, done):
             self.engine.zero_grad()  # this mini-batch's gradient is not applied either
             return done

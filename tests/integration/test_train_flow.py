@@ -114,7 +114,7 @@ def test_mlflow_run_holds_metrics_dataset_and_checkpoint(trained) -> None:
     assert summary.last_metrics["actor/grad_norm"] > 0
     # the update's time, split: its parts are real and add up to no more than the whole
     parts = [summary.last_metrics[f"timing_s/update_{p}"] for p in ("forward_backward",
-             "optimizer", "checkpoint", "recompute")]  # fmt: skip
+             "optimizer", "checkpoint", "recompute", "demonstrations")]  # fmt: skip
     assert all(p >= 0 for p in parts) and parts[0] > 0 and parts[2] > 0
     assert sum(parts) <= summary.last_metrics["timing_s/update"]
     files = {a.path for a in client.list_artifacts(summary.mlflow_run_id, "checkpoints/iter_0001")}

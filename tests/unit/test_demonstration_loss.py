@@ -87,8 +87,8 @@ def test_the_gradient_is_coef_times_the_demonstrations_mean_nll(tiny_model_dir: 
 def test_the_update_lowers_the_demonstrations_nll_and_reports_it(tiny_model_dir: Path) -> None:
     """Two optimizer steps at a large learning rate: actor/demonstration_nll is the NLL
     before each step (the first equals the hand computation), the demonstrations are more
-    likely after the update, and 4 rows were drawn per step. Without the coefficient the
-    same update reports 0 and 0."""
+    likely after the update, 6 rows were drawn per step and their time is reported apart.
+    Without the coefficient the same update reports 0, 0 and 0."""
     demos = _reply_rows(3, 6, 0.0)
     rows = _reply_rows(4, 8, 0.0)
     cfg = TrainerSection(
@@ -106,9 +106,11 @@ def test_the_update_lowers_the_demonstrations_nll_and_reports_it(tiny_model_dir:
     assert after < before - 0.05
     # the mean of the two steps' NLLs: the first is `before`, the second lower
     assert after < metrics.demonstration_nll < before
+    # the term's forward + backward is timed apart from the rest of the update
+    assert 0 < metrics.demonstration_seconds < metrics.seconds - metrics.optimizer_seconds
     off = PolicyTrainer(tiny_model_dir, cfg.model_copy(update={"demonstration_loss_coef": 0.0}),
                         temperature=1.0, seed=0).update(rows, 1, demonstrations=demos)  # fmt: skip
-    assert (off.demonstration_nll, off.demonstration_rows) == (0.0, 0)
+    assert (off.demonstration_nll, off.demonstration_rows, off.demonstration_seconds) == (0, 0, 0)
 
 
 def test_each_step_draws_its_own_rows_the_same_way_every_time(tiny_model_dir: Path) -> None:
