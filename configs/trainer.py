@@ -164,8 +164,10 @@ class TrainerSection(Section):
     demonstration_rows: int = Field(
         16,
         ge=1,
-        description="Demonstration replies (step rows) drawn per RL optimizer step, without "
-        "replacement within a step, seeded by the run's seed and the iteration.",
+        description="Demonstration replies (step rows) per RL optimizer step, drawn as whole "
+        "demonstration episodes (without replacement within a step, seeded by the run's seed "
+        "and the iteration) until they hold at least this many: an episode's steps share "
+        "their prompt's start, so its forward costs about one episode's tokens.",
     )
 
     # --- Off-policy correction ---

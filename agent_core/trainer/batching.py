@@ -106,6 +106,21 @@ def build_sequences(rows: list[TrainRow], pack: bool) -> tuple[list[TrainSequenc
     return sequences, packed
 
 
+def demonstration_episodes(rows: list[TrainRow]) -> list[list[TrainRow]]:
+    """`rows` as episodes: the rows of one trajectory_id in step order when their step indexes
+    are 0, 1, ..., k-1, else each row on its own (an id shared by unrelated rows, or missing
+    steps, must not make one huge "episode")."""
+    by_traj: dict[str, list[TrainRow]] = {}
+    for row in rows:
+        by_traj.setdefault(row.trajectory_id, []).append(row)
+    episodes = []
+    for trajectory_id, steps in by_traj.items():
+        steps.sort(key=lambda r: r.step_index)
+        whole = bool(trajectory_id) and [r.step_index for r in steps] == list(range(len(steps)))
+        episodes.extend([steps] if whole else [[r] for r in steps])
+    return episodes
+
+
 def _single(index: int, row: TrainRow) -> TrainSequence:
     start = len(row.prompt_ids)
     return TrainSequence(

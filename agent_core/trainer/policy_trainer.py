@@ -28,6 +28,7 @@ from agent_core.trainer.batching import (
     build_sequences,
     collate,
     collate_tree,
+    demonstration_episodes,
     plan_minibatches,
     trajectory_mass,
     tree_microbatches,
@@ -291,8 +292,8 @@ class PolicyTrainer:
     ) -> UpdateMetrics:
         """Run `epochs` (default trainer.epochs) passes over `rows`: one optimizer step per
         mini-batch of sequences; its gradient is the configured aggregate over its tokens, plus
-        trainer.demonstration_loss_coef times the mean NLL of trainer.demonstration_rows rows
-        drawn from `demonstrations` for that step (`_demonstration_draws`)."""
+        trainer.demonstration_loss_coef times the mean NLL of the episodes of `demonstrations`
+        drawn for that step (`_demonstration_draws`)."""
         start = time.perf_counter()
         epochs = self.cfg.epochs if epochs is None else epochs
         metrics = UpdateMetrics(rows=len(rows), bf16_autocast=int(self.compute_dtype == "bfloat16"))
@@ -563,21 +564,33 @@ class PolicyTrainer:
         return {"loss": float(loss.detach())}
 
     def _demonstration_draws(self, demonstrations: list[TrainRow] | None, iteration: int):
-        """For each optimizer step of the update, trainer.demonstration_rows rows of
-        `demonstrations` (without replacement within a step; all of them when fewer), drawn by
-        the run's seed and `iteration` so that every rank draws the same; None when the
-        demonstration loss is off or there are none."""
+        """For each optimizer step of the update, whole demonstration episodes (without
+        replacement within a step) until they hold trainer.demonstration_rows reply rows (all
+        of them when fewer), drawn by the run's seed and `iteration` so that every rank draws
+        the same; None when the demonstration loss is off or there are none. Whole episodes,
+        because an episode's steps share their prompt's start: packed into one sequence or
+        merged in one prefix tree, its forward costs about one episode's tokens, where rows of
+        different episodes each cost their whole prompt."""
         if not demonstrations or not self.cfg.demonstration_loss_coef or self._sft:
             return None
-        rng = random.Random(self.seed + 7919 * iteration)
-        count = min(self.cfg.demonstration_rows, len(demonstrations))
-        return iter(lambda: rng.sample(demonstrations, count), None)
+        episodes = demonstration_episodes(demonstrations)
+        rng, wanted = random.Random(self.seed + 7919 * iteration), self.cfg.demonstration_rows
+
+        def draw() -> list[TrainRow]:
+            rows: list[TrainRow] = []
+            for episode in rng.sample(episodes, len(episodes)):
+                if len(rows) >= wanted:
+                    break
+                rows.extend(episode)
+            return rows
+
+        return iter(draw, None)
 
     def _demo_backward(self, demo: list[TrainRow], metrics: UpdateMetrics) -> float:
         """Gradient of trainer.demonstration_loss_coef times the mean NLL of the `demo` rows'
         reply tokens, accumulated beside the mini-batch's policy loss; returns the NLL (this
         rank's share: the shares add up to the mean over `demo`)."""
-        sequences, _ = build_sequences(demo, pack=False)
+        sequences, _ = build_sequences(demo, self.cfg.pack_trajectories)
         token_count = sum(len(r.response_ids) for r in demo)
         micros = self._unpacked_micros(sequences)
         nll, coef = 0.0, self.cfg.demonstration_loss_coef

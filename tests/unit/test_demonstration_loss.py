@@ -7,6 +7,7 @@ start."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ import torch
 from agent_core.config.load import load_config
 from agent_core.envs.base import AgentEnv
 from agent_core.run.prepare import refuse_missing_solver
-from agent_core.trainer.batching import TrainRow
+from agent_core.trainer.batching import TrainRow, demonstration_episodes
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.trainer import TrainerSection
 
@@ -33,6 +34,21 @@ def _reply_rows(seed: int, count: int, advantage: float) -> list[TrainRow]:
         rows.append(
             TrainRow(prompt, reply, [0.0] * len(reply), advantage, trajectory_id=f"{seed}-{i}")
         )
+    return rows
+
+
+def _episode_rows(seed: int, count: int, steps: int) -> list[TrainRow]:
+    """`count` append-only episodes of `steps` steps: each step's prompt is the previous
+    step's prompt + reply + a feedback token or two (packable into one sequence)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        prompt = [rng.randrange(3, 250) for _ in range(rng.randrange(5, 12))]
+        for k in range(steps):
+            reply = [rng.randrange(3, 250) for _ in range(rng.randrange(2, 6))]
+            rows.append(TrainRow(prompt, reply, [0.0] * len(reply), 0.0,
+                                 trajectory_id=f"{seed}-{i}", step_index=k))  # fmt: skip
+            prompt = prompt + reply + [rng.randrange(3, 250) for _ in range(rng.randrange(1, 3))]
     return rows
 
 
@@ -82,6 +98,44 @@ def test_the_gradient_is_coef_times_the_demonstrations_mean_nll(tiny_model_dir: 
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
         checked += int(want.abs().max() > 0)
     assert checked > 10  # the embedding, attention and MLP weights all carry the term
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_whole_episodes_packed_give_the_row_by_row_gradient(tiny_model_dir: Path, pack) -> None:
+    """Three 3-step append-only episodes, all drawn (demonstration_rows >= their 9 rows):
+    packed into one sequence each (or one row at a time), the step's gradient is still 0.5 x
+    d(mean NLL)/dw computed one row at a time."""
+    cfg = TrainerSection(
+        micro_batch_size=2, demonstration_loss_coef=0.5, demonstration_rows=9,
+        pack_trajectories=pack,
+    )  # fmt: skip
+    trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
+    demos = _episode_rows(3, 3, 3)
+    grads = _first_step_grads(trainer, _reply_rows(2, 4, 0.0), demos)
+    lm = trainer.engine.module.lm
+    lm.zero_grad()
+    (0.5 * _hand_nll(lm, demos)).backward()
+    for got, param in zip(grads, trainer.engine.module.parameters(), strict=True):
+        want = torch.zeros_like(got) if param.grad is None else param.grad
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_draws_whole_episodes_until_it_holds_the_rows(tiny_model_dir: Path) -> None:
+    """demonstration_rows=5 of 3-step episodes: two whole episodes (6 rows) per step, never
+    one twice; an id whose steps have a gap, or no id, does not make an episode."""
+    cfg = TrainerSection(demonstration_loss_coef=0.1, demonstration_rows=5)
+    trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=5)
+    demos = _episode_rows(4, 6, 3)
+    draws = trainer._demonstration_draws(demos, 1)
+    for _ in range(5):
+        step = next(draws)
+        ids = [r.trajectory_id for r in step]
+        assert len(step) == 6 and len(set(ids)) == 2
+        for tid in set(ids):
+            assert [r.step_index for r in step if r.trajectory_id == tid] == [0, 1, 2]
+    gap = [replace(r, trajectory_id="gap") for r in demos[:3] if r.step_index != 1]
+    loose = [replace(r, trajectory_id="") for r in demos[3:6]]
+    assert [len(e) for e in demonstration_episodes(gap + loose + demos[6:9])] == [1, 1, 1, 1, 1, 3]
 
 
 def test_the_update_lowers_the_demonstrations_nll_and_reports_it(tiny_model_dir: Path) -> None:
