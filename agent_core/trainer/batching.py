@@ -106,19 +106,28 @@ def build_sequences(rows: list[TrainRow], pack: bool) -> tuple[list[TrainSequenc
     return sequences, packed
 
 
+def episode_keys(rows: list[TrainRow]) -> list[str]:
+    """Per row, its episode's key: the trajectory_id when that id's rows have step indexes
+    0, 1, ..., k-1, else one of its own (an id shared by unrelated rows, or missing steps,
+    must not make one huge "episode")."""
+    by_traj: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_traj.setdefault(row.trajectory_id, []).append(i)
+    keys = [""] * len(rows)
+    for trajectory_id, members in by_traj.items():
+        steps = sorted(rows[i].step_index for i in members)
+        whole = bool(trajectory_id) and steps == list(range(len(members)))
+        for i in members:
+            keys[i] = trajectory_id if whole else f"\0{i}"
+    return keys
+
+
 def demonstration_episodes(rows: list[TrainRow]) -> list[list[TrainRow]]:
-    """`rows` as episodes: the rows of one trajectory_id in step order when their step indexes
-    are 0, 1, ..., k-1, else each row on its own (an id shared by unrelated rows, or missing
-    steps, must not make one huge "episode")."""
-    by_traj: dict[str, list[TrainRow]] = {}
-    for row in rows:
-        by_traj.setdefault(row.trajectory_id, []).append(row)
-    episodes = []
-    for trajectory_id, steps in by_traj.items():
-        steps.sort(key=lambda r: r.step_index)
-        whole = bool(trajectory_id) and [r.step_index for r in steps] == list(range(len(steps)))
-        episodes.extend([steps] if whole else [[r] for r in steps])
-    return episodes
+    """`rows` as episodes (`episode_keys`), each in step order."""
+    episodes: dict[str, list[TrainRow]] = {}
+    for row, key in zip(rows, episode_keys(rows), strict=True):
+        episodes.setdefault(key, []).append(row)
+    return [sorted(e, key=lambda r: r.step_index) for e in episodes.values()]
 
 
 def _single(index: int, row: TrainRow) -> TrainSequence:
@@ -341,6 +350,7 @@ def plan_minibatches(
     step_rows: Sequence[int] | None = None,
     groups: Sequence[str] | None = None,
     mini_batches: int | None = None,
+    episodes: Sequence[str] | None = None,
 ) -> list[list[list[int]]]:
     """Shuffle sequence indices into mini-batches of `mini_batch_size` step rows, then split
     each into micro-batches: of sequences of similar length (less padding), or with
@@ -351,12 +361,23 @@ def plan_minibatches(
     per epoch only by the rows of the last trajectory a mini-batch takes, not by the
     trajectories' length. With `mini_batches` (and `groups[i]`, sequence i's group), there
     are that many mini-batches of whole groups (`_group_minibatches`), fewer when there are
-    fewer groups or when mini-batches of `mini_batch_size` rows would be fewer.
+    fewer groups or when mini-batches of `mini_batch_size` rows would be fewer. Without
+    `mini_batches`, `episodes[i]` (sequence i's episode) keeps an episode's sequences together:
+    whole episodes in shuffled order, as a packed trajectory is one sequence.
     Returns [mini][micro] -> sequence indices."""
     rng = np.random.default_rng(seed)
     counts = step_rows if step_rows is not None else [1] * len(sequences)
     if mini_batches is None:
-        minis = _row_minibatches(rng.permutation(len(sequences)).tolist(), counts, mini_batch_size)
+        units: dict[str, list[int]] = {}
+        for i in range(len(sequences)):
+            units.setdefault(episodes[i] if episodes is not None else str(i), []).append(i)
+        members = list(units.values())
+        held = [sum(counts[i] for i in m) for m in members]
+        order = rng.permutation(len(members)).tolist()
+        minis = [
+            [i for u in mini for i in members[u]]
+            for mini in _row_minibatches(order, held, mini_batch_size)
+        ]
     else:
         keys = groups if groups is not None else [str(i) for i in range(len(sequences))]
         count = min(mini_batches, -(-sum(counts) // mini_batch_size))

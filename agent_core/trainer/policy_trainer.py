@@ -29,6 +29,7 @@ from agent_core.trainer.batching import (
     collate,
     collate_tree,
     demonstration_episodes,
+    episode_keys,
     plan_minibatches,
     trajectory_mass,
     tree_microbatches,
@@ -410,15 +411,19 @@ class PolicyTrainer:
         mini-batches of trainer.mini_batch_size step rows (a packed sequence holds all its
         trajectory's rows) or, in an RL update with trainer.mini_batches, that many
         mini-batches of whole groups (fewer when mini-batches of mini_batch_size rows would be
-        fewer); seeded by the run's seed, the iteration and the epoch."""
+        fewer); seeded by the run's seed, the iteration and the epoch. The warm-up's
+        mini-batches take whole demonstration episodes: their steps share their prompt's start
+        (one prefix tree processes it once), as a packed trajectory's do."""
         by_groups = self.cfg.mini_batches is not None and not self._sft
         first = [rows[s.spans[0][0]] for s in sequences]
+        keys = episode_keys(rows) if self._sft else None
         return plan_minibatches(
             [s.input_ids for s in sequences], self.cfg.mini_batch_size,
             self.cfg.micro_batch_size, self.seed + 1000 * iteration + epoch, self._tree,
             [len(s.spans) for s in sequences],
             groups=[r.group_id or r.trajectory_id for r in first],
             mini_batches=self.cfg.mini_batches if by_groups else None,
+            episodes=[keys[s.spans[0][0]] for s in sequences] if keys else None,
         )  # fmt: skip
 
     def _passed_target_kl(self, metrics: UpdateMetrics, kl_sum: float, done: int) -> bool:

@@ -213,8 +213,8 @@ class NoSolverEnv(AgentEnv):
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        ([], "warmup.enabled=true and trainer.demonstration_loss_coef=0.1"),
-        (["warmup.enabled=false"], "trainer.demonstration_loss_coef=0.1 train"),
+        ([], "warmup.enabled=true and trainer.demonstration_loss_coef={coef} "),
+        (["warmup.enabled=false"], "trainer.demonstration_loss_coef={coef} train"),
         (["trainer.demonstration_loss_coef=0"], "warmup.enabled=true train"),
     ],
 )
@@ -225,7 +225,7 @@ def test_a_run_needing_a_solver_the_env_lacks_is_refused_at_its_start(
     with pytest.raises(ValueError) as refused:
         refuse_missing_solver(cfg)
     message = str(refused.value)
-    assert message.startswith(named)
+    assert message.startswith(named.format(coef=f"{cfg.trainer.demonstration_loss_coef:g}"))
     assert "has no solver (solve_step)" in message
     assert "warmup.enabled=false trainer.demonstration_loss_coef=0" in message
     off = ["warmup.enabled=false", "trainer.demonstration_loss_coef=0"]

@@ -184,6 +184,38 @@ def test_the_update_takes_mini_batches_steps_and_the_warmup_keeps_row_batches(
     assert PolicyTrainer(tiny_model_dir, cfg, 1.0, seed=0).update(few, 1).optimizer_steps == 1
 
 
+def test_the_warmup_takes_whole_episodes_when_they_cannot_be_packed(tiny_model_dir: Path) -> None:
+    """102 rows whose prompts are their own (a window of turns: no packing): the warm-up's
+    mini-batches hold whole episodes (each at least 16 rows but the last), so one prefix tree
+    shares an episode's prompt start; the RL plan over the same rows, without mini_batches,
+    still shuffles single rows, as episode keys of their own would."""
+    rows = _grouped_rows(window=True)
+    trainer = PolicyTrainer(tiny_model_dir, TrainerSection(micro_batch_size=4), 1.0, seed=0)
+    sequences, packed = build_sequences(rows, pack=True)
+    assert packed == 0 and len(sequences) == 102
+
+    def minis_of_each_episode(plan) -> dict[str, set[int]]:
+        where: dict[str, set[int]] = {}
+        for m, mini in enumerate(plan):
+            for i in (i for micro in mini for i in micro):
+                where.setdefault(rows[sequences[i].spans[0][0]].trajectory_id, set()).add(m)
+        return where
+
+    trainer._sft = True
+    warmup = trainer.minibatch_plan(sequences, rows, 0, 0)
+    trainer._sft = False
+    assert [len(m) for m in minis_of_each_episode(warmup).values()] == [1] * 16
+    held = [sum(1 for micro in mini for _ in micro) for mini in warmup]
+    assert min(held[:-1]) >= 16 and sum(held) == 102
+    rl = trainer.minibatch_plan(sequences, rows, 0, 0)
+    assert max(len(m) for m in minis_of_each_episode(rl).values()) > 1
+    tokens = [s.input_ids for s in sequences]
+    alone = [str(i) for i in range(len(sequences))]
+    assert plan_minibatches(tokens, 16, 4, 3, 1024, episodes=alone) == plan_minibatches(
+        tokens, 16, 4, 3, 1024
+    )
+
+
 def _at_own_logprobs(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[TrainRow]:
     """`rows` with old log-probs the trainer's model's own: every ratio starts at 1."""
     own, _ = trainer._per_step(trainer.engine.module, rows, with_values=False)
