@@ -80,23 +80,29 @@ def _first_step_grads(trainer: PolicyTrainer, rows, demos) -> list[torch.Tensor]
     return seen[0]
 
 
+def _assert_term_gradient(model_dir: Path, cfg: TrainerSection, demos: list[TrainRow]) -> int:
+    """The first step's gradient of an update whose RL rows have advantage 0 (so no policy
+    gradient) equals cfg.demonstration_loss_coef x d(mean NLL of `demos`)/dw computed one row
+    at a time; returns how many parameter tensors carry a gradient."""
+    trainer = PolicyTrainer(model_dir, cfg, temperature=1.0, seed=0)
+    grads = _first_step_grads(trainer, _reply_rows(2, 4, 0.0), demos)
+    lm = trainer.engine.module.lm
+    lm.zero_grad()
+    (cfg.demonstration_loss_coef * _hand_nll(lm, demos)).backward()
+    checked = 0
+    for got, param in zip(grads, trainer.engine.module.parameters(), strict=True):
+        want = torch.zeros_like(got) if param.grad is None else param.grad
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        checked += int(want.abs().max() > 0)
+    return checked
+
+
 def test_the_gradient_is_coef_times_the_demonstrations_mean_nll(tiny_model_dir: Path) -> None:
     """RL rows of advantage 0 add no policy gradient, so the step's gradient is the
     demonstration term alone: 0.3 x d(mean NLL)/dw over all 5 demonstration rows (drawn
     whole: demonstration_rows >= their count), in two micro-batches."""
     cfg = TrainerSection(micro_batch_size=2, demonstration_loss_coef=0.3, demonstration_rows=8)
-    trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
-    demos = _reply_rows(1, 5, 0.0)
-    grads = _first_step_grads(trainer, _reply_rows(2, 4, 0.0), demos)
-    lm = trainer.engine.module.lm
-    lm.zero_grad()
-    (0.3 * _hand_nll(lm, demos)).backward()
-    expected = [p.grad for p in trainer.engine.module.parameters()]
-    checked = 0
-    for got, want in zip(grads, expected, strict=True):
-        want = torch.zeros_like(got) if want is None else want
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-        checked += int(want.abs().max() > 0)
+    checked = _assert_term_gradient(tiny_model_dir, cfg, _reply_rows(1, 5, 0.0))
     assert checked > 10  # the embedding, attention and MLP weights all carry the term
 
 
@@ -109,15 +115,7 @@ def test_whole_episodes_packed_give_the_row_by_row_gradient(tiny_model_dir: Path
         micro_batch_size=2, demonstration_loss_coef=0.5, demonstration_rows=9,
         pack_trajectories=pack,
     )  # fmt: skip
-    trainer = PolicyTrainer(tiny_model_dir, cfg, temperature=1.0, seed=0)
-    demos = _episode_rows(3, 3, 3)
-    grads = _first_step_grads(trainer, _reply_rows(2, 4, 0.0), demos)
-    lm = trainer.engine.module.lm
-    lm.zero_grad()
-    (0.5 * _hand_nll(lm, demos)).backward()
-    for got, param in zip(grads, trainer.engine.module.parameters(), strict=True):
-        want = torch.zeros_like(got) if param.grad is None else param.grad
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert _assert_term_gradient(tiny_model_dir, cfg, _episode_rows(3, 3, 3)) > 10
 
 
 def test_a_step_draws_whole_episodes_until_it_holds_the_rows(tiny_model_dir: Path) -> None:
