@@ -597,7 +597,7 @@ class PolicyTrainer:
         rank's share: the shares add up to the mean over `demo`)."""
         sequences, _ = build_sequences(demo, self.cfg.pack_trajectories)
         token_count = sum(len(r.response_ids) for r in demo)
-        micros = self._unpacked_micros(sequences)
+        micros = self._sequence_micros(sequences)
         nll, coef = 0.0, self.cfg.demonstration_loss_coef
         for seqs, counts in rank_share(micros, self.rank, self.world):
             batch = self._collate(seqs, demo)
@@ -631,7 +631,7 @@ class PolicyTrainer:
             return 0.0
         return float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])))
 
-    def _unpacked_micros(self, sequences: list[TrainSequence]) -> list[list[TrainSequence]]:
+    def _sequence_micros(self, sequences: list[TrainSequence]) -> list[list[TrainSequence]]:
         """`sequences` in micro-batches of trainer.micro_batch_size (with shared_prefix, prefix
         trees within micro_batch_tokens positions)."""
         size, everything = self.cfg.micro_batch_size, list(range(len(sequences)))
@@ -648,7 +648,7 @@ class PolicyTrainer:
         sequences, _ = build_sequences(rows, pack=False)
         logps: list[list[float]] = [[] for _ in rows]
         values = [0.0] * len(rows)
-        for seqs in self._unpacked_micros(sequences):
+        for seqs in self._sequence_micros(sequences):
             batch = self._collate(seqs, rows)
             logp, _, vals = self._logprobs(module, batch, with_values)
             step_rows = [span[0] for q in seqs for span in q.spans]
