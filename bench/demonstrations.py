@@ -64,7 +64,7 @@ def real_demonstrations(model: Path, overrides: list[str]) -> list:
 
 
 def timed_update(model: Path, trainer_cfg, rows, demos, repeats: int):
-    """The best of `repeats` updates (after one untimed) from a fresh trainer each time."""
+    """The fastest of `repeats` + 1 updates of the same rows, each from a fresh trainer."""
     from agent_core.trainer.policy_trainer import PolicyTrainer
 
     best = None
@@ -84,7 +84,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--rows", type=int, default=64, help="RL step rows per update")
     parser.add_argument("--episodes", type=int, default=128, help="synthetic demonstrations")
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after warm-up")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds beyond the first; the fastest counts"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="learn_general overrides naming an env whose solver "
                         "demonstrations to use (instead of synthetic ones)")  # fmt: skip

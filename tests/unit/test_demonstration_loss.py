@@ -17,7 +17,7 @@ import torch
 from agent_core.config.load import load_config
 from agent_core.envs.base import AgentEnv
 from agent_core.run.prepare import refuse_missing_solver
-from agent_core.trainer.batching import TrainRow, demonstration_episodes
+from agent_core.trainer.batching import TrainRow, build_sequences, demonstration_episodes
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.trainer import TrainerSection
 
@@ -115,7 +115,9 @@ def test_whole_episodes_packed_give_the_row_by_row_gradient(tiny_model_dir: Path
         micro_batch_size=2, demonstration_loss_coef=0.5, demonstration_rows=9,
         pack_trajectories=pack,
     )  # fmt: skip
-    assert _assert_term_gradient(tiny_model_dir, cfg, _episode_rows(3, 3, 3)) > 10
+    demos = _episode_rows(3, 3, 3)
+    assert build_sequences(demos, pack=True)[1] == 3  # each episode packs into one sequence
+    assert _assert_term_gradient(tiny_model_dir, cfg, demos) > 10
 
 
 def test_a_step_draws_whole_episodes_until_it_holds_the_rows(tiny_model_dir: Path) -> None:
