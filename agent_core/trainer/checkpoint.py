@@ -1,11 +1,13 @@
 """Checkpoints of the policy trainer: a Hugging Face folder (+ value head, + DeepSpeed optimizer
 state, + the steprl.json metadata) written under a temp name and renamed, the DeepSpeed state
 restored from one, the rank layout that state needs, and the full (gathered) weights they hold.
+A write that fails because the disk is full says so and what to free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -20,6 +22,9 @@ from configs.trainer import TrainerSection
 
 DS_STATE_DIR = "deepspeed"
 _METADATA = "steprl.json"
+# a failed write with less than this free on its disk is taken for a full disk (torch's own
+# error then reads "unexpected pos ...", not ENOSPC)
+_LOW_SPACE_BYTES = 64 * 2**20
 
 
 def gathered_state(engine, cfg: TrainerSection, prefix: str) -> dict[str, torch.Tensor]:
@@ -55,21 +60,22 @@ def save_checkpoint(
     module: PolicyModule = engine.module
     head = gathered_state(engine, cfg, "value_head.") if module.value_head is not None else None
     if rank == 0:
-        if cfg.lora is not None:
-            module.lm.get_base_model().save_pretrained(tmp, state_dict=state)
-            lora.save_adapter(module.lm, tmp)
-        else:
-            module.lm.save_pretrained(tmp, state_dict=state)
-        if on_half_written is not None:
-            on_half_written()
-        tokenizer.save_pretrained(tmp)
-        module.save_value_head(tmp, head)
+        with _full_disk_explained(tmp, checkpoint_dir):
+            if cfg.lora is not None:
+                module.lm.get_base_model().save_pretrained(tmp, state_dict=state)
+                lora.save_adapter(module.lm, tmp)
+            else:
+                module.lm.save_pretrained(tmp, state_dict=state)
+            if on_half_written is not None:
+                on_half_written()
+            tokenizer.save_pretrained(tmp)
+            module.save_value_head(tmp, head)
     barrier(world)
     if cfg.save_deepspeed_state:
         # the weights are in the folder already (fp32: bf16 is autocast over fp32
         # weights; LoRA: the frozen base is the base model folder's), so the DeepSpeed
         # state holds the optimizer state, not the weights a second time (540 MB on 135M)
-        with _weights_left_out(engine, cfg.zero_stage):
+        with _weights_left_out(engine, cfg.zero_stage), _full_disk_explained(tmp, checkpoint_dir):
             engine.save_checkpoint(
                 str(tmp / DS_STATE_DIR), tag="state", exclude_frozen_parameters=True
             )
@@ -100,6 +106,29 @@ def load_checkpoint_state(engine, cfg: TrainerSection, world: int, checkpoint_di
     # checkpoint of an earlier version or under ZeRO-3, the weights again: the same)
     engine.load_checkpoint(str(state), tag="state", load_module_strict=False)
     return True
+
+
+@contextlib.contextmanager
+def _full_disk_explained(tmp: Path, checkpoint_dir: Path):
+    """Turn a write that failed on a full disk into an OSError (ENOSPC) that says how much is
+    free and what to do, after removing the half-written temp folder; the newest complete
+    checkpoint is untouched, so a rerun resumes from it. Other failures pass unchanged."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        free = shutil.disk_usage(tmp.parent).free
+        if getattr(err, "errno", None) != errno.ENOSPC and free >= _LOW_SPACE_BYTES:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(
+            errno.ENOSPC,
+            f"checkpoint {checkpoint_dir} could not be written: the disk holding it has "
+            f"{free / 2**20:.0f} MiB free ({type(err).__name__}: {err}). The newest complete "
+            "checkpoint is untouched and a rerun with the same run.name resumes from it. Free "
+            "space (finished runs' runs/<run>/checkpoints/iter_* folders), lower "
+            "trainer.keep_checkpoints, or set trainer.save_deepspeed_state: false (about twice "
+            "the model's size less per checkpoint, without an exact resume)",
+        ) from err
 
 
 @contextlib.contextmanager

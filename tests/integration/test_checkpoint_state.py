@@ -1,11 +1,15 @@
 """A full fine-tuning checkpoint holds its weights once: the HF folder has them (fp32), the
 DeepSpeed state only the optimizer's; a trainer built from the folder resumes exactly (same
-weights, the same next update as the trainer that saved it), value head included."""
+weights, the same next update as the trainer that saved it), value head included; a write that
+fails on a full disk says so and leaves the newest complete checkpoint as it was."""
 
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from agent_core.config.load import load_config
@@ -62,3 +66,35 @@ def test_a_resumed_trainer_takes_its_optimizer_settings_from_the_config(
     after = resumed.engine.module.state_dict()
     moved = max((after[k] - before[k]).abs().max().item() for k in before)
     assert 0 < moved < 1e-6, f"a 1e-9 learning rate moved a weight by {moved}"
+
+
+def test_a_checkpoint_write_on_a_full_disk_says_so_and_keeps_the_last_one(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch reports a write that ran out of space as `unexpected pos ...`: the error names the
+    free space and the fix, the half-written folder is gone, the previous checkpoint loads."""
+    cfg = load_config("smoke", [f"model.path={tiny_model_dir}", "trainer.learning_rate=1e-2"])
+    trainer = trainers.build_trainer(cfg, tiny_model_dir, None)
+    trainer.update(rows(), iteration=1)
+    first, second = tmp_path / "iter_0001", tmp_path / "iter_0002"
+    trainer.save(first, {"iteration": 1})
+    trainer.update(rows(), iteration=2)
+
+    def full_disk_save(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # space left: not a full disk
+        trainer.save(second, {"iteration": 2})
+    almost_full = shutil.disk_usage(tmp_path)._replace(free=3 * 2**20)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: almost_full)
+    with pytest.raises(OSError) as err:
+        trainer.save(second, {"iteration": 2})
+    assert err.value.errno == errno.ENOSPC
+    for said in (f"checkpoint {second}", "3 MiB free", "unexpected pos", "resumes",
+                 "trainer.keep_checkpoints", "trainer.save_deepspeed_state: false"):  # fmt: skip
+        assert said in str(err.value), said
+    assert not second.exists() and not second.with_name("iter_0002.tmp").exists()
+    monkeypatch.undo()
+    resumed = trainers.build_trainer(cfg, first, None)
+    assert resumed.engine.optimizer.state_dict()["state"], "the last checkpoint's state is lost"
