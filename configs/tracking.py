@@ -78,6 +78,14 @@ class TrackingSection(Section):
         "came with such a rise (the corridor maze 0.21 -> 0.42, 0.50, 0.91, 1.9; the grid 0.30 -> "
         "0.57; the choice 0.31 -> 0.75). 0 = never.",
     )
+    warn_entropy_floor: float = Field(
+        0.1,
+        ge=0.0,
+        description="The entropy rise is warned of only when actor/entropy is at least this "
+        "(nats per token): a near-deterministic policy's entropy doubles by chance (a lookup "
+        "env its warm-up solved: 0.007 -> 0.012, with every reply well formed). The rises that "
+        "came before broken reply formats in docs/results.md were at 0.33 and above. 0 = any.",
+    )
     warn_reward_falling: int = Field(
         3,
         ge=0,

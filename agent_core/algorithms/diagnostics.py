@@ -126,15 +126,16 @@ def update_warnings(
     kl_limit: float,
     entropy_limit: float,
     negative_weight: float = 1.0,
+    entropy_floor: float = 0.0,
 ) -> list[str]:
     """Plain-language warnings from an iteration's diagnostics: the loss-weighted mean advantage
     (under aggregation `mode`) beyond `bias_limit` of the mean |advantage|, at least
     `no_success_limit` of the gradient's weight from groups where nothing succeeded, the
     sampled reward falling `falling_limit` (> 0) iterations in a row, or, once the update ran,
     its `actor/approx_kl` above `kl_limit` (> 0) and its entropy at least `entropy_limit` (> 0)
-    times the run's first update's (`warning/entropy_ratio`). A lean the loss's weight on
-    negative advantages builds in (`negative_weight`, trainer.negative_advantage_weight: up
-    below 1, down above 1) is not warned of."""
+    times the run's first update's (`warning/entropy_ratio`) and at least `entropy_floor`. A
+    lean the loss's weight on negative advantages builds in (`negative_weight`,
+    trainer.negative_advantage_weight: up below 1, down above 1) is not warned of."""
     out = []
     bias = metrics.get("advantage/weighted_bias", 0.0)
     direction = "down" if bias < 0 else "up"
@@ -166,7 +167,11 @@ def update_warnings(
             "optimizer steps once a mini-batch passes it"
         )
     ratio = metrics.get("warning/entropy_ratio", 0.0)
-    if entropy_limit > 0 and ratio >= entropy_limit:
+    if (
+        entropy_limit > 0
+        and ratio >= entropy_limit
+        and metrics.get("actor/entropy", 0.0) >= entropy_floor
+    ):
         out.append(
             f"the policy's entropy (actor/entropy {metrics['actor/entropy']:.2f}) is "
             f"{ratio:.1f} times the first update's: it samples more randomly than the policy RL "

@@ -255,6 +255,7 @@ def iteration_warnings(cfg: RunConfig, metrics: dict[str, float]) -> list[str]:
         t.warn_approx_kl,
         t.warn_entropy_rise,
         cfg.trainer.negative_advantage_weight,
+        t.warn_entropy_floor,
     )
 
 

@@ -281,6 +281,12 @@ def test_an_entropy_rise_is_named_with_its_ratio() -> None:
     assert "response_text" in warned[0]  # where to look
     cfg.tracking.warn_advantage_bias = 0.6
     assert "  warning: " + warned[0] in console_lines(cfg, 8, risen)
+    # a near-deterministic policy's entropy doubling (0.007 -> 0.012) is under the floor
+    tiny = metrics | {"actor/entropy": 0.012, "warning/entropy_ratio": 0.012 / 0.007}
+    assert update_warnings(tiny, 0.6, 0, "token-mean", 0.8, 0.05, 1.5, 1.0, 0.1) == []
+    assert len(update_warnings(tiny, 0.6, 0, "token-mean", 0.8, 0.05, 1.5, 1.0, 0.0)) == 1
+    assert not any("entropy" in line for line in console_lines(cfg, 8, tiny))
+    assert update_warnings(risen, 0.6, 0, "token-mean", 0.8, 0.05, 2.0, 1.0, 0.1) == warned
 
 
 def test_negative_advantage_weight_scales_the_loss_rows_and_its_diagnostics() -> None:
