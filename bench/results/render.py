@@ -23,6 +23,8 @@ WALL = "wall s"
 MAX_LIST_CELLS = 4
 # the most arms a one-record table shows as columns
 MAX_ARMS = 8
+# the fewest characters of command that a table's rows share before the page writes them once
+MIN_SHARED = 30
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,11 @@ class Section:
 SECTIONS = (
     Section(
         "Learning results",
-        "One row per `steprl train` run. Held-out success is greedy, on the env's eval seeds "
-        "(disjoint from training): `base` before the warm-up, `iter 0` after it (policy "
-        "version 0), `iter k` after RL iteration k. The per-iteration lists are the sampled "
-        "training episodes of each iteration. `wall s` is the whole command, warm-up and "
-        "evaluations included. With 64 held-out episodes one standard error is at most "
-        "0.0625 (at a success rate of 0.5).",
+        "One row per `steprl train` run. Held-out success is greedy, on eval seeds disjoint "
+        "from training: `base` before the warm-up, `iter k` after RL iteration k (0: after "
+        "the warm-up). Per-iteration lists (first … last (count; range)) are of the sampled "
+        "training episodes. `wall`: the whole command. With 64 held-out episodes one "
+        "standard error is at most 0.0625.",
         (
             "calculator_grpo",
             "learn_calculator",
@@ -114,10 +115,10 @@ SETTINGS = {
     "learn_calculator": Setting(
         "The calculator tool (`learn_calculator`)",
         _seeds(
-            "A supervised warm-up on solver demonstrations, then 8 iterations of GRPO (8 tasks "
-            "x 4), up to 3 steps per episode, 64 held-out episodes. Rows with an agent run the "
-            "episodes through the policy server ([agents](agents.md)); the overlap row collects "
-            "while the update runs ([async](async.md))."
+            "A warm-up on solver demonstrations, then 8 iterations of GRPO (8 tasks x 4), up "
+            "to 3 steps, 64 held-out episodes. `agent` rows run through the policy server "
+            "([agents](agents.md)); the overlap row collects during the update "
+            "([async](async.md))."
         )
         + "\n\n![learning curve](../bench/results/learn_calculator.png)\n"
         + "![learning curve, plain-SDK agent](../bench/results/learn_calculator_agent.png)",
@@ -165,12 +166,11 @@ SETTINGS = {
     ),
     "learn_general": Setting(
         "The outsider envs (`learn_general`)",
-        "The docs' commands ([extending](extending.md#envs-nobody-tuned-a-preset-for)) with "
-        "`--set run.seed=<seed>`. Held-out: 48 greedy episodes; the trivial baseline is the "
-        "best constant or random policy on those seeds. `same tasks`: the warm-up and the "
-        "last checkpoint sampled (T = 1) on 96 held-out tasks (384 for the choice), `steprl "
-        "eval ... --set eval.temperature=1.0 --set eval.episodes=96`. `RL only` rows start "
-        "from the warm-up of the same seed's whole run.",
+        "The docs' commands with `--set run.seed=<seed>`. Held-out: 48 greedy episodes; the "
+        "trivial baseline: the best constant or random policy there. `same tasks`: the "
+        "warm-up and the last checkpoint sampled (T = 1) on 96 held-out tasks (384 for the "
+        "choice; `steprl eval ... --set eval.temperature=1.0 --set eval.episodes=96`). `RL "
+        "only` rows start from the warm-up of the same seed's whole run.",
     ),
     "bench/trees.py": Setting(
         "Tree against chain rollouts at equal tokens (`bench/trees.py`)",
@@ -352,7 +352,7 @@ def columns(records: list[Measurement]) -> list[str]:
 def run_table(records: list[Measurement]) -> list[str]:
     """A row per record, a column per figure."""
     names = columns(records)
-    headers = ["wall" if n == WALL else n for n in names]
+    headers = ["wall" if n == WALL else n.removeprefix("held-out ") for n in names]
     lines = ["| run | " + " | ".join(headers) + " |", "|---" * (len(names) + 1) + "|"]
     for r in records:
         cells = [fmt(n, r.figures[n]) if n in r.figures else "" for n in names]
@@ -408,11 +408,33 @@ def bench_table(records: list[Measurement]) -> list[str]:
     return lines
 
 
-def provenance(record: Measurement, names: dict[tuple, str]) -> str:
-    """A row's command, machine (and dtype) and commit, and its note."""
+def shared_command(records: list[Measurement]) -> str:
+    """The whole words every record's command starts with (never cutting a quoted argument),
+    when there are two records or more and it is at least MIN_SHARED characters; else ''."""
+    if len(records) < 2:
+        return ""
+    words = [r.command.split(" ") for r in records]
+    shared: list[str] = []
+    for column in zip(*words, strict=False):
+        if len(set(column)) > 1:
+            break
+        shared.append(column[0])
+    whole = len(min(words, key=len))  # a whole command: nothing would be left to show
+    while shared and (
+        " ".join(shared).count("'") % 2 or shared[-1][0] == "-" or len(shared) == whole
+    ):
+        shared.pop()  # inside a quote, or a flag without its value
+    prefix = " ".join(shared)
+    return prefix if len(prefix) >= MIN_SHARED else ""
+
+
+def provenance(record: Measurement, names: dict[tuple, str], shared: str = "") -> str:
+    """A row's command (`…` for the `shared` words its table's commands start with), machine
+    (and dtype) and commit, and its note."""
     machine = names[machine_key(record.machine)]
     machine += f", {record.dtype}" if record.dtype else ""
-    line = f"- **{record.label}**: `{record.command}` · {machine} · `{record.commit}`."
+    command = f"… {record.command[len(shared) + 1 :]}" if shared else record.command
+    line = f"- **{record.label}**: `{command}` · {machine} · `{record.commit}`."
     return f"{line} {record.note}" if record.note else line
 
 
@@ -421,7 +443,10 @@ def setting_lines(setting: str, records: list[Measurement], names: dict) -> list
     lines = [f"### {known.title}", ""]
     lines += [known.about, ""] if known.about else []
     table = bench_table if records[0].kind == "bench" else run_table
-    return [*lines, *table(records), "", *(provenance(r, names) for r in records), ""]
+    shared = shared_command(records)
+    start = [f"Each command below starts `{shared}`:", ""] if shared else []
+    rows = [provenance(r, names, shared) for r in records]
+    return [*lines, *table(records), "", *start, *rows, ""]
 
 
 def placed(records: list[Measurement]) -> list[tuple[Section, list[tuple[str, list]]]]:
@@ -446,13 +471,13 @@ INTRO = """# Results
 
 The current measurements, a table per setting, generated by `python -m bench.results --write`
 from `bench/results/records/` (never edit this page by hand); under each table, every row's
-command (from the repository's root), machine and commit. They are for planning and
-comparison, not promises: rerun a row's command for your machine's figures.
+command (from the repository's root), machine and commit. For planning and comparison, not
+promises: rerun a row's command for your machine's figures.
 
 A bench writes its record with `--record FILE`, `steprl train` into `runs/<name>/result.json`;
-`python -m bench.results add FILE_OR_RUN_FOLDER [--label NAME] [--note TEXT]` files it and
-rewrites this page, replacing the row of the same setting and label (git keeps the old one).
-Superseded measurements: [earlier results](#earlier-results)."""
+`python -m bench.results add FILE_OR_RUN_FOLDER [--label NAME] [--note TEXT]` files it,
+replacing the row of the same setting and label (git keeps the old one), and rewrites this
+page. Superseded measurements: [earlier results](#earlier-results)."""
 
 HISTORY = f"""## Earlier results
 

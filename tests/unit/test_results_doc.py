@@ -106,3 +106,23 @@ def test_the_pages_own_links_to_other_docs_resolve() -> None:
     for page, name in re.findall(r"\]\((\w+\.md)#([\w-]+)\)", DOC_PATH.read_text()):
         target = (REPO / "docs" / page).read_text()
         assert name in {anchor(h) for h in re.findall(r"^#+ (.+)$", target, re.M)}, (page, name)
+
+
+def test_a_tables_shared_command_start_is_written_once_and_never_cuts_a_quote() -> None:
+    base = "steprl train --config learn_general --set env.name=tests.outsider.corridor_env:C"
+    rows = [
+        record(f"seed {seed}", 0.5, "learn_general").model_copy(
+            update={"command": f"{base} --set 'env.context={{name: window}}' --set run.seed={seed}"}
+        )
+        for seed in (1, 2)
+    ]
+    page = render(rows)
+    shared = f"{base} --set 'env.context={{name: window}}'"
+    assert f"Each command below starts `{shared}`:" in page
+    assert "- **seed 2**: `… --set run.seed=2`" in page
+    quoted = [
+        r.model_copy(update={"command": f"{base} --set 'env.context={{name: {r.label}}}'"})
+        for r in rows
+    ]  # the commands part inside a quoted argument: the start shown ends before it
+    assert f"Each command below starts `{base}`:" in render(quoted)
+    assert "starts" not in render(rows[:1])  # one row: its whole command
