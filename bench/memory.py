@@ -303,15 +303,14 @@ def instrument(vocab_of) -> None:
     forward = policy_module.PolicyModule.forward
 
     def policy_forward(self, input_ids, *args, **kwargs):
-        logits, values = forward(self, input_ids, *args, **kwargs)
-        _keep_max(
-            "logits of a micro-batch [tokens x vocab]", logits.numel() * logits.element_size()
-        )
+        out, values = forward(self, input_ids, *args, **kwargs)
+        if kwargs.get("head", True):  # else `out` is hidden states: the head runs in chunks
+            _keep_max("logits of a micro-batch [tokens x vocab]", out.numel() * out.element_size())
         if input_ids.numel() > TRANSIENT.get("micro-batch positions", 0):
             LARGEST_BATCH[:] = list(input_ids.shape)
         _keep_max("micro-batch positions", float(input_ids.numel()))
-        _keep_max("micro-batch response tokens", float(logits.shape[0]))
-        return logits, values
+        _keep_max("micro-batch response tokens", float(out.shape[0]))
+        return out, values
 
     policy_module.PolicyModule.forward = policy_forward
     empty = fused_llama.FusedLlamaBackend._empty_cache

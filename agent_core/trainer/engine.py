@@ -41,7 +41,7 @@ from agent_core.trainer.distributed import (
 )
 from agent_core.trainer.policy_module import PolicyModule, freeze_vision_tower, pretrained_lm
 from agent_core.trainer.role_adapters import RoleAdapters
-from agent_core.trainer.token_logprobs import token_logprobs
+from agent_core.trainer.token_logprobs import head_chunkable, head_logprobs, token_logprobs
 from agent_core.trainer.update_metrics import UpdateMetrics
 from configs.trainer import TrainerSection
 
@@ -170,19 +170,30 @@ class TrainEngine:
         """A forward of `module` (the engine, the policy module or a reference) over `batch`:
         per-token log-probs [N] under softmax(logits / temperature), each token's entropy [N]
         (`entropy`: 'metric' = without gradient, 'loss' = differentiable, 'none' = None) and
-        values [S] (or None); a team's forward runs the batch's adapter. The fp32 log-softmax
-        [N, V] exists a chunk of rows at a time (`token_logprobs`), except for a
-        differentiable entropy, whose gradient needs all of it."""
+        values [S] (or None); a team's forward runs the batch's adapter. The logits [N, V] and
+        their fp32 log-softmax exist a chunk of rows at a time (`head_logprobs`); a head that
+        is not a plain linear layer in this process gives whole logits, log-softmaxed a chunk
+        at a time (`token_logprobs`); a differentiable entropy needs all of both."""
         team = self.roles.active(batch.adapter) if self.roles else contextlib.nullcontext()
+        lm_head = getattr(module, "module", module).lm.get_output_embeddings()
+        chunked = entropy != "loss" and head_chunkable(lm_head)
         with self.autocast(), team:
-            logits, values = module(
+            out, values = module(
                 batch.input_ids,
                 batch.attention_mask,
                 batch.position_ids,
                 batch.token_pos,
                 batch.value_pos if with_values else None,
                 batch.vision,
+                head=not chunked,
             )
+        if chunked:  # `out`: the last hidden states
+            dtype = torch.bfloat16 if self.compute_dtype == "bfloat16" else lm_head.weight.dtype
+            logp, entropies = head_logprobs(
+                out, lm_head.weight, batch.targets, temperature, entropy == "metric", dtype
+            )
+            return logp, entropies, values
+        logits = out
         if entropy == "loss":
             logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
             logp = logp_all.gather(-1, batch.targets[:, None]).squeeze(-1)

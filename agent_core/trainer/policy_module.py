@@ -66,9 +66,12 @@ class PolicyModule(nn.Module):
         token_pos: torch.Tensor,
         value_pos: torch.Tensor | None = None,
         vision: dict[str, torch.Tensor] | None = None,
+        head: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [N, V] at `token_pos` [N, 2] and values [S] at `value_pos` [S, 2] (or None);
-        `vision`: a VLM's image inputs for the batch's sequences (pixel values, ...)."""
+        `vision`: a VLM's image inputs for the batch's sequences (pixel values, ...); `head`
+        False: the last hidden states [N, H] at `token_pos` in place of the logits, for a
+        caller that applies the LM head a chunk of tokens at a time (`head_logprobs`)."""
         trunk = self._trunk() if self.sees else self.lm.get_decoder()
         hidden = trunk(
             input_ids=input_ids,
@@ -78,7 +81,7 @@ class PolicyModule(nn.Module):
             **(vision or {}),
         ).last_hidden_state
         picked = hidden[token_pos[:, 0], token_pos[:, 1]]
-        logits = self.lm.get_output_embeddings()(picked)
+        logits = self.lm.get_output_embeddings()(picked) if head else picked
         values = None
         if self.value_head is not None and value_pos is not None:
             at = hidden[value_pos[:, 0], value_pos[:, 1]]
