@@ -13,8 +13,8 @@ the preset's, refill of groups without a success included, in both arms.
 
 Prints per arm: greedy held-out success after the warm-up (policy 0) and after iterations 4 and
 8; generated tokens, episodes and seconds per iteration (the phases collect, refill, score,
-write_replay, update, sync and log; held-out evaluations left out); the tree / chain ratios of
-tokens and seconds; the box's load average at the start of each arm.
+write_replay, update, sync and log; held-out evaluations left out; --record keeps their means);
+the tree / chain ratios of tokens and seconds; the box's load average at the start of each arm.
 
 Run: nice -n 10 .venv/bin/python bench/trees.py --env corridor --seed 1 (two runs in runs/,
 named trees-<env>-s<seed>-chain and -tree, logged to ./mlflow.db as any `steprl train` run;
@@ -142,8 +142,10 @@ def report(arm: str, run_dir: Path) -> dict[str, list[float]]:
         "episodes per iteration": episodes,
         "seconds per iteration": seconds,
     }
-    for name, value in shown.items():
-        print(f"  {name}: {figure(f'{arm}: {name}', value)}")
+    for name, value in shown.items():  # a per-iteration list is kept as its mean
+        kept = round(sum(value) / max(len(value), 1), 1) if isinstance(value, list) else value
+        figure(f"{arm}: {name}" + (", mean" if isinstance(value, list) else ""), kept)
+        print(f"  {name}: {value}")
     return {"tokens": tokens, "episodes": episodes, "seconds": seconds}
 
 
