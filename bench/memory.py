@@ -468,7 +468,7 @@ def baseline_step(model: Path, shape: list[int], bf16: bool) -> dict:
     return {"start_mb": start, "peak_mb": status_mb("VmHWM"), "params": params}
 
 
-def baseline(model: Path, shape: list[int], bf16: bool) -> dict:
+def baseline(model: Path, shape: list[int], bf16: bool, glibc_defaults: bool) -> dict:
     command = [
         sys.executable,
         __file__,
@@ -479,6 +479,8 @@ def baseline(model: Path, shape: list[int], bf16: bool) -> dict:
     ]
     if bf16:
         command.append("--bf16")
+    if glibc_defaults:
+        command.append("--glibc-defaults")
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -589,6 +591,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain AdamW step")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="keep glibc's malloc defaults (the steprl command caps arenas and mmaps tensors)",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--build-shape", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-step", help=argparse.SUPPRESS)
@@ -599,6 +606,10 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     args = parse()
+    if not args.glibc_defaults:
+        from agent_core.core.heap import settle_heap
+
+        settle_heap()  # as the steprl command does at its start
     if args.build_shape:
         build_shape(args.build_shape, args.model)
         return 0
@@ -635,7 +646,8 @@ def main() -> int:
     if not args.no_baseline and cfg.trainer.lora is None:  # the baseline is a full fine-tune
         shape = LARGEST_BATCH
         bf16 = cfg.trainer.dtype != "float32" and _bf16_update(cfg)
-        print_baseline(baseline(args.model, shape, bf16), update_peak, start_rss, params)
+        found = baseline(args.model, shape, bf16, args.glibc_defaults)
+        print_baseline(found, update_peak, start_rss, params)
     write_record(args, "bfloat16" if _bf16_update(cfg) else "float32")
     return 0
 

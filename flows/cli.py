@@ -19,6 +19,7 @@ from rich.table import Table
 from agent_core.config.load import load_config
 from agent_core.config.presets import ConfigError
 from agent_core.core import progress as progress_hooks
+from agent_core.core.heap import settle_heap
 from configs.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -428,6 +429,7 @@ def where_to_look(config: RunConfig, summary: TrainSummary) -> str:
 def main() -> None:
     """Entry point of the `steprl` script. Like `python -m`, it imports your own modules
     (`--set env.name=package.module:Class`) from the directory it runs in."""
+    settle_heap()  # before any thread allocates: the run's phases peak lower
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     app()
