@@ -261,6 +261,14 @@ class TrainerSection(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."
     )
+    optimizer_state: Literal["float32", "bfloat16", "8bit"] = Field(
+        "float32",
+        description="How AdamW stores its two moments per trained parameter: 'float32' (8 "
+        "bytes); 'bfloat16' (4 bytes: each step computes in fp32 and rounds them back); "
+        "'8bit' (about 2 bytes: torchao's AdamW8bit, block-wise quantized, its step compiled "
+        "by torch.compile on first use; needs the optim8bit extra). Weights and gradients "
+        "stay fp32; the last two change the update's numerics. Needs zero_stage 0.",
+    )
 
     # --- Devices and distribution ---
     # Where the update runs: DeepSpeed's accelerator and ZeRO stage, and the data-parallel ranks
@@ -334,6 +342,16 @@ class TrainerSection(Section):
         return self
 
     @model_validator(mode="after")
+    def _compact_moments_unpartitioned(self) -> TrainerSection:
+        if self.optimizer_state != "float32" and self.zero_stage != 0:
+            raise ValueError(
+                f"trainer.optimizer_state={self.optimizer_state!r} needs zero_stage=0 (ZeRO "
+                "hands the optimizer flat fp32 partitions of its own): set zero_stage=0 or "
+                "optimizer_state=float32"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _correction_has_proximal(self) -> TrainerSection:
         if self.off_policy_correction != "none" and self.old_logprobs != "recompute":
             raise ValueError(
@@ -394,7 +412,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "KL to a reference": ("kl_loss_coef", "kl_estimator", "kl_clamp"),
     "Value head": ("value_head", "value_loss_coef", "value_clip"),
-    "Precision and memory": ("dtype", "gradient_checkpointing"),
+    "Precision and memory": ("dtype", "gradient_checkpointing", "optimizer_state"),
     "Devices and distribution": ("accelerator", "zero_stage", "ranks", "rank_cpus", "rank_gpus"),
     "LoRA": ("lora",),
     "Images": ("train_vision_tower",),

@@ -39,6 +39,7 @@ from agent_core.trainer.distributed import (
     select_accelerator,
     single_process_env,
 )
+from agent_core.trainer.optimizers import build_optimizer, set_lr
 from agent_core.trainer.policy_module import PolicyModule, freeze_vision_tower, pretrained_lm
 from agent_core.trainer.role_adapters import RoleAdapters
 from agent_core.trainer.token_logprobs import head_chunkable, head_logprobs, token_logprobs
@@ -123,21 +124,12 @@ class TrainEngine:
                 lm.enable_input_require_grads()  # frozen embeddings: keep the graph alive
         module = PolicyModule(lm, value_head=self.cfg.value_head)
         module.load_value_head(model_path)
-        # A client torch AdamW avoids compiling DeepSpeed's Adam ops on CPU. Its fused kernel
-        # makes one pass over weights, grads and moments (the per-parameter loop makes ~6): a
-        # 135M-parameter step took 1.5 s instead of 15 s on a 2-core CPU (bench/update.py).
         trainable = [p for p in module.parameters() if p.requires_grad]
         if self.roles is not None:  # a param group per adapter, one for the rest (value head)
             lora_ids = {id(p) for n in self.roles.names for p in self.roles.parameters(n)}
             others = [p for p in trainable if id(p) not in lora_ids]
             trainable = self.roles.param_groups(others, self.cfg.learning_rate)
-        optimizer = torch.optim.AdamW(
-            trainable,  # LoRA: adapters + value head
-            lr=self.cfg.learning_rate,
-            betas=self.cfg.betas,
-            weight_decay=self.cfg.weight_decay,
-            fused=True,
-        )
+        optimizer = build_optimizer(trainable, self.cfg)  # LoRA: adapters + value head
         engine, *_ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=self._ds_config()
         )
@@ -292,7 +284,7 @@ class TrainEngine:
         """Set every param group's learning rate (the warm-up's own; an RL step sets its own
         again)."""
         for group in self.engine.optimizer.param_groups:
-            group["lr"] = learning_rate
+            set_lr(group, learning_rate)
 
     def _set_lr(self, scheduled: bool) -> float:
         """The learning rate of the coming optimizer step, set on every param group: an RL
@@ -308,7 +300,7 @@ class TrainEngine:
             ramp = min(1.0, (self._optimizer_age() + 1) / self.cfg.lr_warmup_steps)
         for group in groups:
             base = self.roles.base_rate(group, lr) if self.roles is not None else lr
-            group["lr"] = base * ramp
+            set_lr(group, base * ramp)
         return lr * ramp
 
     def _optimizer_age(self) -> int:
@@ -357,7 +349,7 @@ class TrainEngine:
         learning rate changed since the checkpoint was written."""
         loaded = load_checkpoint_state(self.engine, self.cfg, self.world, checkpoint_dir)
         for group in self.engine.optimizer.param_groups:
-            group["lr"] = self.cfg.learning_rate
+            set_lr(group, self.cfg.learning_rate)
             group["betas"] = tuple(self.cfg.betas)
             group["weight_decay"] = self.cfg.weight_decay
         return loaded
