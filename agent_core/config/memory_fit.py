@@ -25,8 +25,15 @@ PROCESS_BYTES = GIB
 # hidden (h) and intermediate (i) sizes, bytes: bf16 autocast (normed inputs cast for q/k/v,
 # attention's q/k/v/out, the MLP's gate/up/act inputs), and fp32 (about twice that)
 ACTIVATION_BYTES = {"bfloat16": (28, 8), "float32": (56, 16)}
-# the fp32 log-softmax chunks of `token_logprobs` (64 MiB each, a few alive at once)
+# the logits and fp32 log-softmax chunks of `head_logprobs` (64 MiB each, a few alive at once)
 LOGIT_CHUNKS_BYTES = 3 * 64 * 2**20
+# AdamW's two moments per trained parameter by trainer.optimizer_state (8bit: a byte each and
+# an fp32 scale per block of 256)
+MOMENT_BYTES = {"float32": 8.0, "bfloat16": 4.0, "8bit": 2 * (1 + 4 / 256)}
+# what no owner above counts, as a share of their sum: allocator slack, the backward's and the
+# optimizer step's transients, the KV cache of a rollout (bench/memory.py measured peaks 5-14 %
+# above the owners' sum before this share was added)
+HEADROOM = 0.15
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ def _trainer_bytes(config: RunConfig, size: ModelSize) -> dict[str, int]:
     return {
         "trainer weights": (size.params + (trained if t.lora is not None else 0)) * 4,
         "trainer gradients": trained * 4,
-        "trainer AdamW moments": trained * 8,
+        "trainer AdamW moments": int(trained * MOMENT_BYTES[t.optimizer_state]),
         "bf16 weight copies (autocast)": cast * 2 if t.dtype != "float32" else 0,
         "reference model": size.params * 4 if kl and t.lora is None else 0,
     }
@@ -178,7 +185,10 @@ def _trainer_bytes(config: RunConfig, size: ModelSize) -> dict[str, int]:
 
 def _batch_bytes(config: RunConfig, size: ModelSize) -> dict[str, int]:
     """A micro-batch's logits and the activations its backward keeps (with gradient
-    checkpointing: each layer's input, and one layer's activations again)."""
+    checkpointing: each layer's input, and one layer's activations again). The LM head runs a
+    chunk of tokens at a time; a trained head's weight gradient needs the [tokens, vocab]
+    gradient of its logits (a LoRA run's head is frozen), and under ZeRO-3 the logits are
+    whole."""
     t = config.trainer
     dtype = "float32" if t.dtype == "float32" else "bfloat16"
     positions, tokens = _micro_batch(config)
@@ -188,7 +198,10 @@ def _batch_bytes(config: RunConfig, size: ModelSize) -> dict[str, int]:
         activations = positions * size.layers * size.hidden * 4 + layer
     else:
         activations = layer * size.layers
-    logits = tokens * size.vocab * (2 if dtype == "bfloat16" else 4) + LOGIT_CHUNKS_BYTES
+    whole = t.lora is None or t.zero_stage == 3
+    logits = LOGIT_CHUNKS_BYTES
+    if whole:
+        logits += tokens * size.vocab * (2 if dtype == "bfloat16" else 4)
     return {"logits of a micro-batch": logits, "activations of a micro-batch": activations}
 
 
@@ -215,6 +228,8 @@ def phase_estimates(config: RunConfig, size: ModelSize) -> dict[str, dict[str, i
         saved = {k: v for k, v in trainer.items() if k not in transient}
         merged = {"merged weights (LoRA checkpoint)": size.params * 4}
         phases["checkpoint"] = {"process": PROCESS_BYTES, **saved, **during_update, **merged}
+    for owners in phases.values():
+        owners["slack and transients"] = int(HEADROOM * sum(owners.values()))
     return phases
 
 
