@@ -176,14 +176,23 @@ class Ledger:
 
     def add(self, owner: str, tensors) -> None:
         total = 0
-        for t in tensors:
-            if t is None:
-                continue
+        for t in [inner for given in tensors for inner in _plain(given)]:
             key, size = _storage(t)
             if key not in self.seen:
                 self.seen.add(key)
                 total += size
         self.owners[owner] = self.owners.get(owner, 0) + total
+
+
+def _plain(t) -> list:
+    """The plain tensors behind `t`: a tensor subclass (torchao's 8-bit optimizer state) holds
+    its bytes in inner tensors; none for None."""
+    if t is None:
+        return []
+    if not hasattr(type(t), "__tensor_flatten__"):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [inner for name in names for inner in _plain(getattr(t, name))]
 
 
 def _storage(t) -> tuple[int, int]:
