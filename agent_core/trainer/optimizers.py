@@ -83,12 +83,46 @@ def build_optimizer(params, cfg: TrainerSection) -> torch.optim.Optimizer:
     if cfg.optimizer_state == "bfloat16":
         return BF16MomentsAdamW(params, **kwargs)
     if cfg.optimizer_state == "8bit":
-        try:
-            from torchao.optim import AdamW8bit
-        except ImportError as err:
-            raise RuntimeError(TORCHAO_FIX) from err
-        return AdamW8bit(params, **kwargs)
+        return _adamw_8bit()(params, **kwargs)
     return torch.optim.AdamW(params, fused=True, **kwargs)
+
+
+def _adamw_8bit() -> type[torch.optim.Optimizer]:
+    """torchao's AdamW8bit whose state dict holds each 8-bit moment as its plain tensors (codes,
+    block scales, code table): DeepSpeed loads a checkpoint with a callable map_location, which
+    torch refuses for tensor subclasses."""
+    try:
+        from torchao.optim import AdamW8bit
+        from torchao.optim.subclass_8bit import OptimState8bit
+    except ImportError as err:
+        raise RuntimeError(TORCHAO_FIX) from err
+
+    def plain(value):
+        if not isinstance(value, OptimState8bit):
+            return value
+        names, attributes = value.__tensor_flatten__()
+        return {"8bit": {name: getattr(value, name) for name in names}, "attrs": attributes}
+
+    class PlainStateAdamW8bit(AdamW8bit):
+        def state_dict(self) -> dict:
+            saved = super().state_dict()  # its per-parameter dicts are the live ones: copy
+            saved["state"] = {
+                index: {key: plain(value) for key, value in state.items()}
+                for index, state in saved["state"].items()
+            }
+            return saved
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            """torch casts every loaded tensor to its parameter's dtype: the codes go back to
+            uint8 (integers up to 255: exact in fp32)."""
+            super().load_state_dict(state_dict)
+            for state in self.state.values():
+                for key, value in state.items():
+                    if isinstance(value, dict) and "8bit" in value:
+                        tensors = {**value["8bit"], "codes": value["8bit"]["codes"].byte()}
+                        state[key] = OptimState8bit.__tensor_unflatten__(tensors, value["attrs"])
+
+    return PlainStateAdamW8bit
 
 
 def set_lr(group: dict, lr: float) -> None:
