@@ -19,6 +19,7 @@ from tests.conftest import REPO
 EXPECTED = {
     "packing": ["tok packed", "time ratio"],
     "baselines": ["random moves", "best constant move", "the solver 1.000"],
+    "vision_read": ["held-out cell accuracy, linear probe", "held-out move accuracy"],
     "replay": ["steprl write total", "scan_steps(run).collect()", "bytes per step on disk"],
     "update": ["DeepSpeed PolicyTrainer overhead vs plain torch:", "trained tokens/s"],
     "dtype": ["trainer.dtype auto resolves to:", "update seconds, best of 1, float32"],
