@@ -63,6 +63,7 @@ SECTIONS = (
             "learn_code",
             "learn_visual",
             "bench/baselines.py",
+            "bench/vision_read.py",
             "bench/teams.py",
         ),
         "run",
@@ -155,6 +156,14 @@ SETTINGS = {
         "Held-out success of random moves and of the best constant move on the held-out tasks "
         "of `learn_visual`'s rows (the image and text versions of a game share them), the "
         "solver beside them.",
+    ),
+    "bench/vision_read.py": Setting(
+        "Does the built VLM read the board? (`bench/vision_read.py`)",
+        "`cells`: a linear classifier on the frozen encoder's per-patch features of each "
+        "task's first board (one cell a patch), held-out per-cell accuracy. `moves`: the "
+        "policy fine-tuned on the solver's moves (the warm-up's rows, prompts as the env "
+        "renders them; encoder frozen), held-out accuracy of its most likely move (any first "
+        "move of a shortest win counts) against the best constant move on the same states.",
     ),
     "bench/teams.py": Setting(
         "A team: shared against an adapter per role (`bench/teams.py`)",
