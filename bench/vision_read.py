@@ -176,14 +176,22 @@ def pixel_inputs(processor, images: list[list]) -> dict:
     return vision_inputs(processor, "llava", images)
 
 
-def move_accuracy(model, batch, states, move_ids: list[int]) -> tuple[float, dict[str, int]]:
-    """Share of held-out states whose most likely move (of the four) starts a shortest win."""
+def move_accuracy(
+    model, renderer, processor, states, move_ids: list[int], chunk: int = 8
+) -> tuple[float, dict[str, int]]:
+    """Share of held-out states whose most likely move (of the four) starts a shortest win
+    (`chunk` states a forward: a whole vocabulary's logits per token add up fast)."""
     import torch
 
-    ids, mask, _, images, at = batch
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(input_ids=ids, attention_mask=mask, **images).logits.float()
-    picks = [MOVES[int(logits[i, at[i], move_ids].argmax())] for i in range(len(states))]
+    picks = []
+    for first in range(0, len(states), chunk):
+        part = states[first : first + chunk]
+        ids, mask, _, images, at = encode(renderer, processor.tokenizer, part)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(
+                input_ids=ids, attention_mask=mask, **pixel_inputs(processor, images)
+            ).logits
+        picks += [MOVES[int(logits[i, at[i], move_ids].argmax())] for i in range(len(part))]
     right = sum(pick in best for pick, (_, _, best) in zip(picks, states, strict=True))
     return right / len(states), {m: picks.count(m) for m in MOVES}
 
@@ -199,8 +207,6 @@ def moves_probe(args: argparse.Namespace, model, processor) -> None:
     train = solver_states(args.env, args.board, range(args.train_tasks))
     test = solver_states(args.env, args.board, range(100_000, 100_000 + args.heldout_tasks))
     move_ids = [tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
-    held = encode(renderer, tokenizer, test)
-    held = (*held[:3], pixel_inputs(processor, held[3]), held[4])
     constant = {m: sum(m in best for _, _, best in test) / len(test) for m in MOVES}
     best = max(MOVES, key=constant.get)
     figure("best constant move", f"{constant[best]:.3f} ({best})")
@@ -216,7 +222,7 @@ def moves_probe(args: argparse.Namespace, model, processor) -> None:
         weight_decay=0.0,
     )
     rng = random.Random(0)
-    acc, picks = move_accuracy(model, held, test, move_ids)
+    acc, picks = move_accuracy(model, renderer, processor, test, move_ids)
     print(f"step 0: held-out move accuracy {acc:.3f} {picks}")
     figure("held-out move accuracy, step 0", acc)
     for step in range(1, args.steps + 1):
@@ -232,7 +238,7 @@ def moves_probe(args: argparse.Namespace, model, processor) -> None:
         loss.backward()
         optimizer.step()
         if step in (args.steps // 2, args.steps) and step:
-            acc, picks = move_accuracy(model, held, test, move_ids)
+            acc, picks = move_accuracy(model, renderer, processor, test, move_ids)
             print(f"step {step}: loss {loss.item():.3f}, held-out move accuracy {acc:.3f} {picks}")
             figure(f"held-out move accuracy, step {step}", acc)
             figure(f"picks, step {step}", ", ".join(f"{m} {n}" for m, n in picks.items()))
