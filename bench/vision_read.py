@@ -226,16 +226,19 @@ def moves_probe(args: argparse.Namespace, model, processor) -> None:
     print(f"step 0: held-out move accuracy {acc:.3f} {picks}")
     figure("held-out move accuracy, step 0", acc)
     for step in range(1, args.steps + 1):
-        ids, mask, labels, images, _ = encode(renderer, tokenizer, rng.sample(train, args.batch))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(
-                input_ids=ids,
-                attention_mask=mask,
-                labels=labels,
-                **pixel_inputs(processor, images),
-            ).loss
+        rows = rng.sample(train, args.batch)
         optimizer.zero_grad()
-        loss.backward()
+        for first in range(0, len(rows), 4):  # micro-batches of 4: a row's activations are big
+            part = rows[first : first + 4]
+            ids, mask, labels, images, _ = encode(renderer, tokenizer, part)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    labels=labels,
+                    **pixel_inputs(processor, images),
+                ).loss
+            (loss * len(part) / len(rows)).backward()
         optimizer.step()
         if step in (args.steps // 2, args.steps) and step:
             acc, picks = move_accuracy(model, renderer, processor, test, move_ids)
