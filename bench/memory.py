@@ -452,18 +452,29 @@ def describe(cfg) -> None:
 # ---- the baseline: a plain torch AdamW step --------------------------------------------------
 
 
-def baseline_step(model: Path, shape: list[int], bf16: bool) -> dict:
+def baseline_step(model: Path, shape: list[int], bf16: bool, state: str = "") -> dict:
     """In this (fresh) process: RSS after imports, then the peak over two plain AdamW steps on
     `model` in fp32 (HF's own loss over every position; bf16 autocast when `bf16`) on a batch
-    of `shape` [rows, positions]."""
+    of `shape` [rows, positions]; `state`: steprl's AdamW of that trainer.optimizer_state, and
+    the bytes its moments hold."""
     import contextlib
+    import importlib.util
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agent_core.trainer.optimizers import build_optimizer
+    from configs.trainer import TrainerSection
+
+    if state and importlib.util.find_spec("torchao") is not None:
+        import torchao  # noqa: F401 (transformers imports it when present: the process's share)
     start = status_mb("VmRSS")
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-6, fused=True)
+    if state:
+        cfg = TrainerSection(learning_rate=1e-6, optimizer_state=state)
+        optimizer = build_optimizer(list(lm.parameters()), cfg)
+    else:
+        optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, lm.config.vocab_size, tuple(shape))
     reset_peak()
     for _ in range(2):
@@ -474,7 +485,34 @@ def baseline_step(model: Path, shape: list[int], bf16: bool) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     params = sum(p.numel() for p in lm.parameters())
-    return {"start_mb": start, "peak_mb": status_mb("VmHWM"), "params": params}
+    ledger = Ledger()
+    ledger.add(
+        "moments", [t for s in optimizer.state.values() for k, t in s.items() if k != "step"]
+    )
+    moments = ledger.owners["moments"]
+    return {"start_mb": start, "peak_mb": status_mb("VmHWM"), "params": params, "moments": moments}
+
+
+def optimizer_states(model: Path) -> None:
+    """Two AdamW steps of a full fine-tune on [4, 256] tokens (bf16 autocast) per
+    trainer.optimizer_state, each in a fresh process: its peak and its moments, per parameter
+    ('8bit' only where torchao imports)."""
+    import importlib.util
+
+    print("\nfull fine-tune steps by trainer.optimizer_state ([4, 256] tokens, bf16 autocast)")
+    for state in ("float32", "bfloat16", "8bit"):
+        if state == "8bit" and importlib.util.find_spec("torchao") is None:
+            print("  8bit: skipped (needs the optim8bit extra: torchao)")
+            continue
+        command = [sys.executable, __file__, "--baseline-step", "[4, 256]", "--model", str(model)]
+        command += ["--bf16", "--optimizer-state", state]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        peak = per_param(found["peak_mb"] - found["start_mb"], found["params"])
+        moments = found["moments"] / found["params"]
+        print(f"  {state:<9} peak {peak:5.1f} bytes/param, moments {moments:5.2f} bytes/param")
+        figure(f"optimizer_state={state}: step peak bytes/param", round(peak, 1))
+        figure(f"optimizer_state={state}: moments bytes/param", round(moments, 2))
 
 
 def baseline(model: Path, shape: list[int], bf16: bool, glibc_defaults: bool) -> dict:
@@ -609,6 +647,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--build-shape", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-step", help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--optimizer-state", default="", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--optimizer-states",
+        action="store_true",
+        help="only: a full fine-tune's step and moments per trainer.optimizer_state",
+    )
     add_record_option(parser)
     return parser.parse_args()
 
@@ -623,7 +667,14 @@ def main() -> int:
         build_shape(args.build_shape, args.model)
         return 0
     if args.baseline_step:
-        print(json.dumps(baseline_step(args.model, json.loads(args.baseline_step), args.bf16)))
+        shape = json.loads(args.baseline_step)
+        print(json.dumps(baseline_step(args.model, shape, args.bf16, args.optimizer_state)))
+        return 0
+    if args.optimizer_states:
+        if args.shape:
+            args.model = shaped_model(args.shape)
+        optimizer_states(args.model)
+        write_record(args, "bfloat16")
         return 0
     if not Path("/proc/self/clear_refs").exists():
         print("skipped: needs Linux /proc (VmHWM and clear_refs) to read per-phase peaks")
