@@ -19,7 +19,9 @@ a short warm-up and evaluation); models: the converted SmolLM2-135M-Instruct, or
 models of the shapes of SmolLM2-135M, 360M and 1.7B (`--shape`, built here from their
 published configs, with SmolLM2's tokenizer; no weights are downloaded).
 Run: .venv/bin/python bench/memory.py [--preset general] [--shape 360M] [--set KEY=VALUE ...]
---smoke: the smoke preset (tiny random model) with a warm-up, one iteration of 2 tasks.
+--optimizer-states: only two full fine-tune steps per trainer.optimizer_state (peak, moments).
+--smoke: the smoke preset (tiny random model) with a warm-up, one iteration of 2 tasks, and the
+optimizer states' steps.
 """
 
 from __future__ import annotations
@@ -673,6 +675,8 @@ def main() -> int:
     if args.optimizer_states:
         if args.shape:
             args.model = shaped_model(args.shape)
+        if not prepare(args):
+            return 0
         optimizer_states(args.model)
         write_record(args, "bfloat16")
         return 0
@@ -708,6 +712,8 @@ def main() -> int:
         bf16 = cfg.trainer.dtype != "float32" and _bf16_update(cfg)
         found = baseline(args.model, shape, bf16, args.glibc_defaults)
         print_baseline(found, update_peak, start_rss, params)
+    if args.smoke:  # the --optimizer-states path too, on the tiny model
+        optimizer_states(args.model)
     write_record(args, "bfloat16" if _bf16_update(cfg) else "float32")
     return 0
 

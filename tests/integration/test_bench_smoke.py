@@ -27,7 +27,7 @@ EXPECTED = {
     "update_drift": ["the run's own settings", "trainer.mini_batch_size=8", "1-p grew", "x time"],
     "rollout": ["== steprl engine", "== roofline", "== ablations", "sampling 4 x 512"],
     "prefix_cache": ["== full history", "== window of 1 turn", "from the cache", "on / off:"],
-    "memory": ["highest peak:", "update ", "log "],
+    "memory": ["highest peak:", "update ", "log ", "by trainer.optimizer_state"],
     "overhead": ["outside phase bodies:", "the log body:"],
     "vs_trl": ["speed-up steprl vs TRL"],
     "trees": ["== chain", "== tree", "tree arm: token budget per task", "tree / chain, tokens"],
