@@ -504,7 +504,7 @@ def optimizer_states(model: Path) -> None:
     print("\nfull fine-tune steps by trainer.optimizer_state ([4, 256] tokens, bf16 autocast)")
     for state in ("float32", "bfloat16", "8bit"):
         if state == "8bit" and importlib.util.find_spec("torchao") is None:
-            print("  8bit: skipped (needs the optim8bit extra: torchao)")
+            print("  8bit: not run here (it needs the optim8bit extra: torchao)")
             continue
         command = [sys.executable, __file__, "--baseline-step", "[4, 256]", "--model", str(model)]
         command += ["--bf16", "--optimizer-state", state]
