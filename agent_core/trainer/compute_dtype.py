@@ -6,9 +6,10 @@ AMX a bf16 GEMM ran ~7x faster than fp32 (2050 against 297 GFLOP/s), without AVX
 oneDNN falls back to a scalar GEMM (~25x slower), and on an Intel Xeon with AVX512-BF16 but no
 AMX it ran at about half of fp32's speed (160 against 300 GFLOP/s), which made a forward and
 backward 1.7x and an update 1.56x slower in bf16 autocast (docs/results.md: bench/dtype.py, and
-its earlier results, "The update in bf16 where bf16 is slower"). So the CPU answer is measured once
-per process: a GEMM of the default model's shape in both dtypes, bf16 only where it is at
-least `BF16_MIN_SPEEDUP` times faster.
+its earlier results, "The update in bf16 where bf16 is slower"). So a CPU with AMX takes bf16,
+and one with bf16 instructions but no AMX is measured once per process: a GEMM of the default
+model's shape in both dtypes, bf16 only where it is at least `BF16_MIN_SPEEDUP` times faster (a
+probe on a busy box once picked fp32 beside AMX, whose bf16 GEMMs run ~7x faster).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def native_bf16(device_type: str) -> bool:
     # oneDNN's bf16 GEMMs need AVX512-BF16 or AMX; without them a scalar fallback runs
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
+    # AMX's bf16 GEMMs are the fast ones (~7x); timing them on a busy box could pick fp32 and
+    # train at a seventh of the speed, so only a CPU without AMX is timed
+    if torch.cpu._is_amx_tile_supported():
+        return True
     return cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
 
 

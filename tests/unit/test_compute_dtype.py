@@ -35,8 +35,21 @@ def test_cpu_with_bf16_instructions_takes_bf16_only_when_it_is_faster(
     """7x: AMX; 0.53x: below the Xeon with AVX512-BF16 and no AMX of docs/results.md
     (0.62-0.64x); a near tie (1.1x) keeps fp32."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(compute_dtype, "cpu_bf16_speedup", lambda: speedup)
     assert resolve_compute_dtype("auto", "cpu") == expected
+
+
+def test_a_cpu_with_amx_takes_bf16_without_timing_it(monkeypatch) -> None:
+    """A probe timed on a busy box once picked fp32 on an AMX CPU (its bf16 GEMMs run ~7x faster)."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+
+    def probe() -> float:
+        raise AssertionError("AMX's bf16 GEMMs must not be timed")
+
+    monkeypatch.setattr(compute_dtype, "cpu_bf16_speedup", probe)
+    assert resolve_compute_dtype("auto", "cpu") == "bfloat16"
 
 
 def test_cpu_without_bf16_instructions_never_probes(monkeypatch) -> None:
