@@ -183,11 +183,10 @@ SETTINGS = {
     ),
     "bench/trees.py": Setting(
         "Tree against chain rollouts at equal tokens (`bench/trees.py`)",
-        "`learn_general` as it is (chains: warm-up, 8 iterations of GiGPO, 4 chains per "
-        "task) against RL from the same warm-up with Tree-GRPO's budget mode (2 trees per "
-        "task, up to 8 expansions) and `tree_grpo`, tokens per task capped near the chain's "
-        "([trees](teams_and_trees.md#trees)). Held-out: 48 greedy episodes; tokens and "
-        "episodes count refill rounds; seconds: collect to log.",
+        "`learn_general` (warm-up, 8 iterations of GiGPO, 4 chains per task) against RL from "
+        "its warm-up with Tree-GRPO's budget mode (2 trees per task) and `tree_grpo`, tokens "
+        "per task capped near the chain's ([trees](teams_and_trees.md#trees)). Held-out: 48 "
+        "greedy episodes; tokens count refill rounds; seconds: collect to log.",
     ),
     "bench/rollout.py": Setting(
         "Rollout (`bench/rollout.py`)",
