@@ -230,7 +230,10 @@ class CallWatch:
         return "memory", (
             f"memory limit: the kernel counted {self.cgroup.peak_bytes() // mib}MB held by the "
             f"call (its processes, scratch and pipe and socket buffers; limit "
-            f"{self.cgroup.limit_bytes // mib}MB)"
+            f"{self.cgroup.limit_bytes // mib}MB = memory_mb {self.memory_limit // mib}MB "
+            f"+ scratch_mb {self.scratch_limit // mib}MB + "
+            f"{(self.cgroup.limit_bytes - self.memory_limit - self.scratch_limit) // mib}MB "
+            f"for buffers)"
         )
 
     def _check_disk(self, now: float) -> tuple[str, str] | None:
