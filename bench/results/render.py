@@ -159,11 +159,10 @@ SETTINGS = {
     ),
     "bench/vision_read.py": Setting(
         "Does the built VLM read the board? (`bench/vision_read.py`)",
-        "`cells`: a linear classifier on the frozen encoder's per-patch features of each "
-        "task's first board (one cell a patch), held-out per-cell accuracy. `moves`: the "
-        "policy fine-tuned on the solver's moves (the warm-up's rows, prompts as the env "
-        "renders them; encoder frozen), held-out accuracy of its most likely move (any first "
-        "move of a shortest win counts) against the best constant move on the same states.",
+        "`cells`: a linear classifier on the frozen encoder's per-patch features (a cell a "
+        "patch), held-out cell accuracy. `moves`: the policy fine-tuned on the warm-up's rows "
+        "(encoder frozen), held-out accuracy of its most likely move (any first move of a "
+        "shortest win) against the best constant move.",
     ),
     "bench/teams.py": Setting(
         "A team: shared against an adapter per role (`bench/teams.py`)",
@@ -201,10 +200,10 @@ SETTINGS = {
     ),
     "bench/lora_rows.py": Setting(
         "An adapter per row in one generate call (`bench/lora_rows.py`)",
-        "A turn's batch of calculator prompts over 3 roles, each row sampled with its role's "
-        "LoRA adapter (r=16 on every linear layer) in one call, the per-row deltas added by "
-        "slicing the batch per adapter or by one masked stacked GEMM, against no adapter "
-        "(one policy) and one call per role ([teams](teams_and_trees.md#teams)).",
+        "A turn's calculator prompts over 3 roles, each row sampled with its role's LoRA "
+        "adapter (r=16, every linear layer) in one call (deltas by slicing the batch per "
+        "adapter, or one masked stacked GEMM), against no adapter and one call per role "
+        "([teams](teams_and_trees.md#teams)).",
     ),
     "bench/update.py": Setting(
         "Prefix-tree micro-batches (`bench/update.py`)",
