@@ -1,5 +1,5 @@
-"""`settle_heap` sets glibc's arena cap and mmap threshold at process start, leaving either
-alone where the user's environment sets it."""
+"""`settle_heap` sets glibc's mmap and trim thresholds at process start, leaving
+each alone where the user's environment sets it."""
 
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ def _settled(env: dict[str, str]) -> dict[str, int]:
 def test_both_settings_are_set_at_start() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     assert _settled(env) == {
-        "MALLOC_ARENA_MAX": heap.ARENAS,
         "MALLOC_MMAP_THRESHOLD_": heap.MMAP_THRESHOLD,
+        "MALLOC_TRIM_THRESHOLD_": heap.TRIM_THRESHOLD,
     }
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_a_users_environment_variable_wins() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    assert _settled({**env, "MALLOC_ARENA_MAX": "4"}) == {
-        "MALLOC_MMAP_THRESHOLD_": heap.MMAP_THRESHOLD
+    assert _settled({**env, "MALLOC_MMAP_THRESHOLD_": "65536"}) == {
+        "MALLOC_TRIM_THRESHOLD_": heap.TRIM_THRESHOLD
     }
