@@ -27,6 +27,24 @@ class WarmupSection(Section):
     tasks: int = Field(64, ge=1, description="Solver demonstration episodes (training seeds).")
     epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
     learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the warm-up.")
+    align_tasks: int = Field(
+        0,
+        ge=0,
+        description="A VLM's alignment stage before the demonstrations (LLaVA's stage 1 on the "
+        "env's own images): the env's solver walks this many training tasks and the projector "
+        "alone learns to write out each board it shows (the env's image_caption()), the "
+        "language model and vision encoder untouched. A built VLM's random projector gives "
+        "the language model nothing it can read, and one move token a board does not teach it "
+        "to. Image envs with image_caption() only (frozenlake_image, sokoban_image); needs "
+        "trainer.zero_stage 0. 0 = off.",
+    )
+    align_epochs: int = Field(4, ge=1, description="Passes over the alignment stage's captions.")
+    align_learning_rate: float = Field(
+        1e-3,
+        gt=0.0,
+        description="AdamW learning rate of the alignment stage (the projector alone, from "
+        "random: LLaVA's stage 1 uses 1e-3).",
+    )
     heldout_episodes: int = Field(
         16,
         ge=0,

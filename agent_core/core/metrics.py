@@ -266,6 +266,9 @@ METRICS: tuple[Metric, ...] = (
     _m("warmup/heldout_<fit>", "probability or steps", "warmup.heldout_episodes: how the "
        "policy after (or, with _base, before) the warm-up plays held-out solver episodes: "
        "reply_prob (mean per-reply probability), episode_prob, steps, episodes."),
+    _m("warmup/align_<name>", "as named", "warmup.align_tasks: the VLM alignment stage: rows "
+       "(image captions), optimizer_steps, caption_token_prob (held-out boards, after; _base: "
+       "before), seconds."),
     _m("eval/success_rate", SHARE, "Held-out episodes that succeeded."),
     _m("eval/reward_mean", "reward", "Mean held-out episode return."),
     _m("eval/steps_mean", "steps", "Mean held-out episode length."),

@@ -117,6 +117,13 @@ class AgentEnv(ABC):
         demonstrations), or None when the env has no solver."""
         return None
 
+    def image_caption(self) -> str | None:
+        """What the newest image this env showed holds, as text (a grid game's board in the
+        symbols of its text twin), or None when the env has no such text (the default). The
+        warm-up's alignment stage (`warmup.align_tasks`) teaches a VLM's projector to read
+        the env's images by writing these captions for them."""
+        return None
+
     @classmethod
     def keep_demonstration(cls, trajectory: list[Step]) -> bool:
         """Whether a solver episode becomes a warm-up demonstration: by default only a

@@ -194,3 +194,6 @@ class FrozenLakeImageEnv(FrozenLakeEnv):
         assert self.game is not None
         frame = draw_board(self.game.cells(), LAKE_LOOKS, self.cell_px)
         return {"role": "user", "content": [text_part(before), image_part(frame), text_part(after)]}
+
+    def image_caption(self) -> str | None:
+        return None if self.game is None else self.game.text()

@@ -223,3 +223,10 @@ class SokobanImageEnv(SokobanEnv):
         inside = [row[1:-1] for row in self.game.cells()[1:-1]]
         frame = draw_board(inside, ROOM_LOOKS, self.cell_px)
         return {"role": "user", "content": [text_part(before), image_part(frame), text_part(after)]}
+
+    def image_caption(self) -> str | None:
+        """The text twin's symbols of the cells the image shows (the room inside its wall)."""
+        if self.game is None:
+            return None
+        rows = self.game.text().splitlines()[1:-1]
+        return "\n".join(" ".join(row.split(" ")[1:-1]) for row in rows)

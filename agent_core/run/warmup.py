@@ -33,7 +33,7 @@ from agent_core.models import load_processor
 from agent_core.replay.store import read_step_file, reading
 from agent_core.rewards.scoring import group_trajectories
 from agent_core.rollout.loop import RolloutMeta, RolloutStats
-from agent_core.run import trainers
+from agent_core.run import trainers, vision_align
 from agent_core.run.evaluate import eval_tasks
 from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.update_metrics import metrics_dict
@@ -60,9 +60,17 @@ class WarmupResult(BaseModel):
         "warmup.heldout_episodes is 0, the source is a file or no held-out episode was kept.",
     )
 
+    alignment: dict[str, float] = Field(
+        default_factory=dict,
+        description="The alignment stage's figures (`vision_align.align`: caption rows, "
+        "optimizer steps, held-out caption-token probability before and after, seconds); "
+        "empty when warmup.align_tasks is 0.",
+    )
+
     def console_lines(self) -> list[str]:
-        """The lines the train flow prints after the warm-up (`fit_lines` of `heldout`)."""
-        return fit_lines(self.heldout)
+        """The lines the train flow prints after the warm-up (`align_lines` of `alignment`,
+        `fit_lines` of `heldout`)."""
+        return align_lines(self.alignment) + fit_lines(self.heldout)
 
 
 def solver_episodes(
@@ -273,6 +281,18 @@ def warmup_rows(cfg: RunConfig, tokenizer) -> tuple[list[TrainRow], int, float]:
     return file_rows(cfg.warmup.path or "")
 
 
+def align_lines(aligned: dict[str, float]) -> list[str]:
+    """The console's line on the alignment stage (none when it did not run)."""
+    if not aligned:
+        return []
+    return [
+        f"alignment: the projector learnt {aligned['rows']:.0f} image captions in "
+        f"{aligned['optimizer_steps']:.0f} steps ({aligned['seconds']:.0f} s); on held-out "
+        f"boards the policy gives each caption token probability "
+        f"{aligned['caption_token_prob']:.3f} (before: {aligned['caption_token_prob_base']:.3f})"
+    ]
+
+
 def fit_lines(fit: dict[str, float]) -> list[str]:
     """The console's lines on the held-out solver episodes (none without them), and a
     warning when the warm-up made the solver's held-out replies less likely than the base
@@ -321,6 +341,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         heldout = heldout_episodes(cfg, trainer.tokenizer)
     if heldout:
         fit = {f"{k}_base": v for k, v in heldout_fit(trainer, heldout).items() if k != "steps"}
+    aligned = vision_align.align(cfg, trainer)  # a VLM's projector first (align_tasks > 0)
     metrics = metrics_dict(trainer.sft_update(rows, cfg.warmup.epochs, cfg.warmup.learning_rate))
     if heldout:
         fit |= heldout_fit(trainer, heldout) | {"episodes": float(len(heldout))}
@@ -337,6 +358,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
         metrics=metrics,
         seconds=time.perf_counter() - start,
         heldout=fit,
+        alignment=aligned,
     )
     from agent_core import tracking
 
@@ -345,6 +367,7 @@ def warmup(cfg: RunConfig, run: RunHandle) -> WarmupResult:
     logged[metric_key("timing_s/warmup")] = result.seconds
     logged |= reply_lengths(rows, cfg.rollout.max_new_tokens)
     logged |= {metric_key("warmup/heldout_<fit>", fit=k): v for k, v in fit.items()}
+    logged |= {metric_key("warmup/align_<name>", name=k): v for k, v in aligned.items()}
     tracking.log_metrics(cfg.tracking, run.mlflow_run_id, 0, logged)
     atomic_write_text(record, json.dumps(result.model_dump(), indent=2))
     return result

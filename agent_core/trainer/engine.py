@@ -280,6 +280,36 @@ class TrainEngine:
                 norms[group["adapter"]] = float(norm)
         return norms
 
+    @contextlib.contextmanager
+    def training_only(self, parts: tuple[str, ...]):
+        """Within the block only the trainable weights whose name has one of `parts` (module
+        names, e.g. a VLM's projector) get gradients and optimizer steps; the others keep
+        their weights and optimizer state untouched. `parts` empty: everything trains as
+        configured. Needs trainer.zero_stage 0 (ZeRO 1-3 partition the weights at build)."""
+        if not parts:
+            yield
+            return
+        if self.cfg.zero_stage != 0:
+            raise ValueError(
+                f"training only {', '.join(parts)} needs trainer.zero_stage=0 (now "
+                f"{self.cfg.zero_stage}): ZeRO partitions every trainable weight when the "
+                "engine is built"
+            )
+        held = [
+            param
+            for name, param in self.engine.module.named_parameters()
+            if param.requires_grad and not set(parts) & set(name.split("."))
+        ]
+        if len(held) == sum(p.requires_grad for p in self.engine.module.parameters()):
+            raise ValueError(f"the policy has no trainable weights under {', '.join(parts)}")
+        for param in held:
+            param.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for param in held:
+                param.requires_grad_(True)
+
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set every param group's learning rate (the warm-up's own; an RL step sets its own
         again)."""

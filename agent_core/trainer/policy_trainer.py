@@ -80,9 +80,11 @@ class PolicyTrainer:
         """One RL update over `rows` (`RLUpdate.update`)."""
         return self.rl_update.update(rows, iteration, epochs, demonstrations)
 
-    def sft_update(self, rows: list[TrainRow], epochs: int, learning_rate: float) -> UpdateMetrics:
+    def sft_update(
+        self, rows: list[TrainRow], epochs: int, learning_rate: float, only: tuple[str, ...] = ()
+    ) -> UpdateMetrics:
         """The supervised warm-up over demonstration rows (`RLUpdate.sft_update`)."""
-        return self.rl_update.sft_update(rows, epochs, learning_rate)
+        return self.rl_update.sft_update(rows, epochs, learning_rate, only)
 
     def step_values(self, rows: list[TrainRow]) -> list[float]:
         """The value head's estimate at each row's last prompt token."""

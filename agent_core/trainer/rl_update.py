@@ -82,12 +82,16 @@ class RLUpdate:
         epochs = self.cfg.epochs if epochs is None else epochs
         return self._run(rows, iteration, epochs, demonstrations, supervised=False)
 
-    def sft_update(self, rows: list[TrainRow], epochs: int, learning_rate: float) -> UpdateMetrics:
+    def sft_update(
+        self, rows: list[TrainRow], epochs: int, learning_rate: float, only: tuple[str, ...] = ()
+    ) -> UpdateMetrics:
         """Fine-tune on demonstration rows (response tokens only) with their own learning rate
         and epochs, through the same engine, batching and guards as the RL update (an RL
-        step sets its own learning rate again)."""
+        step sets its own learning rate again); `only`: train just the weights under these
+        module names (`TrainEngine.training_only`)."""
         self.engine.set_learning_rate(learning_rate)
-        return self._run(rows, 0, epochs, None, supervised=True)
+        with self.engine.training_only(only):
+            return self._run(rows, 0, epochs, None, supervised=True)
 
     def _run(
         self,

@@ -203,9 +203,9 @@ class TrainerGroup:
         every step's draw of `demonstrations`)."""
         return self._all("update", rows, iteration, epochs, demonstrations)
 
-    def sft_update(self, rows, epochs: int, learning_rate: float):
+    def sft_update(self, rows, epochs: int, learning_rate: float, only: tuple[str, ...] = ()):
         """Supervised warm-up on demonstration rows, split over the ranks like `update`."""
-        return self._all("sft_update", rows, epochs, learning_rate)
+        return self._all("sft_update", rows, epochs, learning_rate, only)
 
     def step_values(self, rows) -> list[float]:
         """The value head's estimates (every rank computes all rows: ZeRO-3 needs all)."""

@@ -1,0 +1,91 @@
+"""The warm-up's alignment stage (`agent_core.run.vision_align`), with the tiny random VLM built
+in code: only the projector's weights and optimizer state move, the captions are what the image
+shows (Sokoban's without the undrawn outer wall), the stage lifts the held-out caption tokens'
+probability, and an env without images or captions is refused with the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agent_core.config.load import load_config
+from agent_core.envs import env_class
+from agent_core.run import vision_align
+from agent_core.trainer.engine import TrainEngine
+from agent_core.trainer.policy_module import PROJECTORS
+from agent_core.trainer.policy_trainer import PolicyTrainer
+from configs.trainer import TrainerSection
+
+FAST = {"dtype": "float32", "micro_batch_size": 8, "mini_batch_size": 8}
+
+
+def _config(tiny_vlm_dir: Path, *extra: str):
+    return load_config(
+        "smoke",
+        [
+            "env.name=frozenlake_image",
+            "env.max_steps=8",
+            "env.context={name: window, last_turns: 1}",
+            "model.source=tiny-random-vlm",
+            f"model.path={tiny_vlm_dir}",
+            "warmup.align_tasks=6",
+            "warmup.align_epochs=3",
+            *extra,
+        ],
+    )
+
+
+def _snapshot(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+
+
+def test_the_stage_trains_the_projector_alone_and_lifts_held_out_captions(tiny_vlm_dir):
+    cfg = _config(tiny_vlm_dir)
+    trainer = PolicyTrainer(tiny_vlm_dir, TrainerSection(**FAST), temperature=1.0, seed=0)
+    before = _snapshot(trainer)
+    figures = vision_align.align(cfg, trainer)
+    after = _snapshot(trainer)
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all(set(n.split(".")) & set(PROJECTORS) for n in moved)
+    assert not any("language_model" in n or "vision_tower" in n for n in moved)
+    optimizer = trainer.engine.optimizer
+    with_state = {id(p) for p in optimizer.state}
+    names = {id(p): n for n, p in trainer.engine.module.named_parameters()}
+    assert with_state and all(set(names[i].split(".")) & set(PROJECTORS) for i in with_state)
+    # the language model trains again after the stage (the demonstrations' warm-up)
+    assert all(
+        p.requires_grad
+        for n, p in trainer.engine.module.named_parameters()
+        if "language_model" in n
+    )
+    assert figures["optimizer_steps"] >= 3 and figures["rows"] >= 6
+    assert figures["caption_token_prob"] > figures["caption_token_prob_base"]
+
+
+def test_captions_are_what_the_image_shows():
+    lake = env_class("frozenlake_image")(max_steps=8)
+    lake.reset(lake.make_task(3))
+    assert lake.image_caption() == lake.game.text()
+    room = env_class("sokoban_image")(max_steps=8)
+    room.reset(room.make_task(3))
+    inside = [row[1:-1] for row in room.game.cells()[1:-1]]  # what the image draws
+    symbols = {"wall": "#", "floor": "_", "target": "O", "box": "X", "player": "P"}
+    symbols |= {"box_on_target": "√", "player_on_target": "S"}
+    assert room.image_caption() == "\n".join(" ".join(symbols[k] for k in row) for row in inside)
+    assert env_class("frozenlake")(max_steps=8).image_caption() is None
+
+
+def test_an_env_without_images_or_captions_is_refused_with_the_fix(tiny_vlm_dir):
+    cfg = _config(tiny_vlm_dir, "env.name=frozenlake")
+    with pytest.raises(ValueError, match=r"shows no image.*warmup\.align_tasks=0"):
+        vision_align.captions(cfg, vision_align.eval_tasks(cfg)[:1])
+
+
+def test_training_only_the_projector_needs_zero_stage_0():
+    partitioned = SimpleNamespace(cfg=TrainerSection(zero_stage=1))  # refused before any weight
+    refused = pytest.raises(ValueError, match=r"needs trainer\.zero_stage=0")
+    with refused, TrainEngine.training_only(partitioned, PROJECTORS):
+        pass
