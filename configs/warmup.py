@@ -35,8 +35,9 @@ class WarmupSection(Section):
         "alone learns to write out each board it shows (the env's image_caption()), the "
         "language model and vision encoder untouched. A built VLM's random projector gives "
         "the language model nothing it can read, and one move token a board does not teach it "
-        "to. Image envs with image_caption() only (frozenlake_image, sokoban_image); needs "
-        "trainer.zero_stage 0. 0 = off.",
+        "to. An env whose images have no image_caption() is refused with the fix; one that "
+        "shows no image (a game's text twin) skips the stage. Needs trainer.zero_stage 0. "
+        "0 = off.",
     )
     align_epochs: int = Field(4, ge=1, description="Passes over the alignment stage's captions.")
     align_learning_rate: float = Field(

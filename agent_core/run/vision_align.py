@@ -11,6 +11,7 @@ nothing it can read; demonstrations of one move token a board leave it so.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from PIL import Image
@@ -26,25 +27,36 @@ from agent_core.trainer.batching import TrainRow
 from agent_core.trainer.policy_module import PROJECTORS
 from configs.run_config import RunConfig
 
+log = logging.getLogger(__name__)
 ALIGN_STREAM = -2  # seed stream of alignment tasks, apart from the demonstrations' (-1)
 QUESTION = "What does the image show? Write it out."
 HELDOUT_TASKS = 16  # held-out tasks whose boards the stage's before/after figure reads
 
 
+def _env(cfg: RunConfig):
+    env = cfg.env
+    return make_env(
+        env.name,
+        env.max_steps,
+        env.few_shot,
+        env.kwargs,
+        env.context,
+        env.tools,
+        env.tool_options.model_dump(),
+    )
+
+
+def shows_images(cfg: RunConfig, task: Task) -> bool:
+    """Whether the env's first observation of `task` shows an image."""
+    return bool(message_images(_env(cfg).reset(task).messages))
+
+
 def captions(cfg: RunConfig, tasks: list[Task]) -> list[tuple[Image.Image, str]]:
     """(image, caption) of every board the env's solver shows on `tasks`: each task's
     first observation, then one after each solver move until the episode ends."""
-    env_cfg, pairs = cfg.env, []
+    pairs = []
     for task in tasks:
-        env = make_env(
-            env_cfg.name,
-            env_cfg.max_steps,
-            env_cfg.few_shot,
-            env_cfg.kwargs,
-            env_cfg.context,
-            env_cfg.tools,
-            env_cfg.tool_options.model_dump(),
-        )
+        env = _env(cfg)
         obs = env.reset(task)
         while obs is not None:
             pairs.append((_newest_image(env, obs), _caption(env)))
@@ -107,15 +119,18 @@ def caption_token_prob(trainer, rows: list[TrainRow]) -> float:
 
 
 def align(cfg: RunConfig, trainer) -> dict[str, float]:
-    """The stage on `trainer` (a no-op returning {} when warmup.align_tasks is 0): the
-    projector trained on the captions of the solver's boards on training tasks, with the
-    caption-token probability on held-out boards before and after."""
+    """The stage on `trainer`: the projector trained on the captions of the solver's boards
+    on training tasks, with the caption-token probability on held-out boards before and
+    after. A no-op returning {} when warmup.align_tasks is 0 or the env shows no image (the
+    text twin of an image game, run with the same preset)."""
     warm = cfg.warmup
-    if not warm.align_tasks:
+    tasks = train_tasks(cfg, ALIGN_STREAM, warm.align_tasks) if warm.align_tasks else []
+    if not tasks or not shows_images(cfg, tasks[0]):
+        if tasks:
+            log.info("warmup.align_tasks: env %s shows no image: no alignment", cfg.env.name)
         return {}
-    rows = caption_rows(
-        cfg, trainer.tokenizer, captions(cfg, train_tasks(cfg, ALIGN_STREAM, warm.align_tasks))
-    )
+    pairs = captions(cfg, tasks)  # an env whose images have no caption stops here
+    rows = caption_rows(cfg, trainer.tokenizer, pairs)
     heldout = caption_rows(cfg, trainer.tokenizer, captions(cfg, eval_tasks(cfg)[:HELDOUT_TASKS]))
     before = caption_token_prob(trainer, heldout)
     metrics = trainer.sft_update(rows, warm.align_epochs, warm.align_learning_rate, PROJECTORS)

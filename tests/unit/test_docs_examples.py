@@ -207,6 +207,8 @@ def test_the_image_env_shows_its_board_and_states_its_state(my_ext: str) -> None
         (row, col), (g_row, g_col) = task.meta["start"], task.meta["goal"]
         assert frame.getpixel((col * 16 + 8, row * 16 + 8)) == (255, 0, 0)
         assert frame.getpixel((g_col * 16 + 8, g_row * 16 + 8)) == (0, 128, 0)
+        caption = [line.split(" ") for line in env.image_caption().splitlines()]
+        assert caption[row][col] == "R" and caption[g_row][g_col] == "G"
         turns, result = 0, None
         while result is None or not result.done:
             result = env.step(Action(text=env.solve_step()))

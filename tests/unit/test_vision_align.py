@@ -78,10 +78,16 @@ def test_captions_are_what_the_image_shows():
     assert env_class("frozenlake")(max_steps=8).image_caption() is None
 
 
-def test_an_env_without_images_or_captions_is_refused_with_the_fix(tiny_vlm_dir):
-    cfg = _config(tiny_vlm_dir, "env.name=frozenlake")
-    with pytest.raises(ValueError, match=r"shows no image.*warmup\.align_tasks=0"):
-        vision_align.captions(cfg, vision_align.eval_tasks(cfg)[:1])
+def test_images_without_captions_are_refused_and_a_text_env_skips_the_stage(
+    tiny_vlm_dir, monkeypatch
+):
+    lake = env_class("frozenlake_image")
+    monkeypatch.setattr(lake, "image_caption", lambda self: None)
+    cfg = _config(tiny_vlm_dir)
+    with pytest.raises(ValueError, match=r"gives no image_caption.*warmup\.align_tasks=0"):
+        vision_align.align(cfg, trainer=None)
+    text = _config(tiny_vlm_dir, "env.name=frozenlake")
+    assert vision_align.align(text, trainer=None) == {}  # the text twin: nothing to align
 
 
 def test_training_only_the_projector_needs_zero_stage_0():
