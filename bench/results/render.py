@@ -1,6 +1,7 @@
 """docs/results.md from the records in bench/results/records/: a table per setting (a preset's
-runs, a bench's runs), and under each table every row's command, machine and commit. The page
-holds the current results; a record replaced by a newer one of the same row leaves (git keeps it).
+runs, a bench's runs), and under each table every row's command, machine and commit, with what
+the rows share written once. The page holds the current results; a record replaced by a newer
+one of the same row leaves (git keeps it).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ WALL = "wall s"
 MAX_LIST_CELLS = 4
 # the most arms a one-record table shows as columns
 MAX_ARMS = 8
+# the most arms a table of several records shows in one cell ('a / b / c')
+MAX_CELL_ARMS = 3
 # the fewest characters of command that a table's rows share before the page writes them once
 MIN_SHARED = 30
+# the fewest bytes that naming a run of options the rows of a table share must save
+MIN_SAVED = 60
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ SECTIONS = (
         "from training: `base` before the warm-up, `iter k` after RL iteration k (0: after "
         "the warm-up). Per-iteration lists (first … last (count; range)) are of the sampled "
         "training episodes. `wall`: the whole command. With 64 held-out episodes one "
-        "standard error is at most 0.0625.",
+        "standard error is at most 0.0625. The rows of a table share seeds and held-out tasks "
+        "unless their labels say otherwise.",
         (
             "calculator_grpo",
             "learn_calculator",
@@ -71,14 +77,15 @@ SECTIONS = (
     Section(
         "Envs nobody tuned a preset for",
         "`learn_general` on the envs of `tests/outsider`, written without a preset of their "
-        "own ([extending](extending.md#envs-nobody-tuned-a-preset-for)).",
+        "own ([extending](extending.md#envs-nobody-tuned-a-preset-for)). Held-out success: 48 "
+        "greedy episodes.",
         ("learn_general", "bench/trees.py"),
         "run",
     ),
     Section(
         "Performance per phase",
-        "One column per run of a bench, with the figures it prints (`--record FILE` writes "
-        "them). Benches print ratios and never assert timings; how they work: "
+        "A column per run of a bench, or per arm of a one-run comparison. Benches print "
+        "ratios and never assert timings; how they work: "
         "[scaling](scaling.md#performance-on-one-machine).",
         (
             "bench/rollout.py",
@@ -103,10 +110,6 @@ SECTIONS = (
 )
 
 
-def _seeds(what: str) -> str:
-    return f"{what} The same seeds and held-out tasks as the other rows of this table."
-
-
 SETTINGS = {
     "calculator_grpo": Setting(
         "The demo (`calculator_grpo`)",
@@ -115,12 +118,10 @@ SETTINGS = {
     ),
     "learn_calculator": Setting(
         "The calculator tool (`learn_calculator`)",
-        _seeds(
-            "A warm-up on solver demonstrations, then 8 iterations of GRPO (8 tasks x 4), up "
-            "to 3 steps, 64 held-out episodes. `agent` rows run through the policy server "
-            "([agents](agents.md)); the overlap row collects during the update "
-            "([async](async.md))."
-        )
+        "A warm-up on solver demonstrations, then 8 iterations of GRPO (8 tasks x 4), up "
+        "to 3 steps, 64 held-out episodes. `agent` rows run through the policy server "
+        "([agents](agents.md)); the overlap row collects during the update "
+        "([async](async.md))."
         + "\n\n![learning curve](../bench/results/learn_calculator.png)\n"
         + "![learning curve, plain-SDK agent](../bench/results/learn_calculator_agent.png)",
     ),
@@ -174,18 +175,17 @@ SETTINGS = {
     ),
     "learn_general": Setting(
         "The outsider envs (`learn_general`)",
-        "The docs' commands with `--set run.seed=<seed>`. Held-out: 48 greedy episodes; the "
-        "trivial baseline: the best constant or random policy there. `same tasks`: the "
-        "warm-up and the last checkpoint sampled (T = 1) on 96 held-out tasks (384 for the "
-        "choice; `steprl eval ... --set eval.temperature=1.0 --set eval.episodes=96`). `RL "
-        "only` rows start from the warm-up of the same seed's whole run.",
+        "The trivial baseline: the best constant or random policy on the held-out tasks. `same "
+        "tasks`: the warm-up and the last checkpoint sampled (T = 1) on 96 held-out tasks (384 "
+        "for the choice; `steprl eval ... --set eval.temperature=1.0 --set eval.episodes=96`). "
+        "`RL only` rows start from the warm-up of the same seed's whole run.",
     ),
     "bench/trees.py": Setting(
         "Tree against chain rollouts at equal tokens (`bench/trees.py`)",
         "`learn_general` (warm-up, 8 iterations of GiGPO, 4 chains per task) against RL from "
         "its warm-up with Tree-GRPO's budget mode (2 trees per task) and `tree_grpo`, tokens "
-        "per task capped near the chain's ([trees](teams_and_trees.md#trees)). Held-out: 48 "
-        "greedy episodes; tokens count refill rounds; seconds: collect to log.",
+        "per task capped near the chain's ([trees](teams_and_trees.md#trees)). Tokens count "
+        "refill rounds; seconds: collect to log.",
     ),
     "bench/rollout.py": Setting(
         "Rollout (`bench/rollout.py`)",
@@ -328,15 +328,47 @@ def machine_names(records: list[Measurement]) -> dict[tuple, str]:
     return names
 
 
+def table_row(cells: list[str]) -> str:
+    """A Markdown table row, its cells unpadded (the page renders the same, in fewer bytes)."""
+    return "|" + "|".join(cells) + "|"
+
+
+def rule(columns: int) -> str:
+    return "|---" * columns + "|"
+
+
+# the machines table's columns, and how a value every machine shares is said above it
+MACHINE_COLUMNS = {
+    "CPU": "CPU {}",
+    "cores": "{} cores",
+    "CPU features": "CPU features {}",
+    "GPU": "GPU: {}",
+}
+
+
 def machines_table(records: list[Measurement], names: dict[tuple, str]) -> list[str]:
-    lines = ["| machine | CPU | cores | CPU features | GPU |", "|---|---|---|---|---|"]
-    shown = set()
+    """A row per machine; a column with one value for every machine is said once above."""
+    rows: dict[tuple, dict[str, str]] = {}
     for record in records:
         m = record.machine
-        if (key := machine_key(m)) not in shown:
-            shown.add(key)
-            isa = ", ".join(m.isa) or "not recorded"
-            lines.append(f"| {names[key]} | {m.cpu} | {m.cores} | {isa} | {m.gpu or 'none'} |")
+        rows.setdefault(
+            machine_key(m),
+            {
+                "CPU": m.cpu,
+                "cores": str(m.cores),
+                "CPU features": ", ".join(m.isa) or "not recorded",
+                "GPU": m.gpu or "none",
+            },
+        )
+    heads = list(MACHINE_COLUMNS)
+    same = [h for h in heads if len(rows) > 1 and len({row[h] for row in rows.values()}) == 1]
+    heads = [h for h in heads if h not in same]
+    first = next(iter(rows.values()), {})
+    said = ", ".join(MACHINE_COLUMNS[h].format(first[h]) for h in same)
+    lines = [f"Every machine: {said}.", ""] if same else []
+    lines += [table_row(["machine", *heads]), rule(len(heads) + 1)]
+    for key, row in rows.items():
+        lines.append(table_row([names[key], *(row[h] for h in heads)]))
     return lines
 
 
@@ -360,29 +392,30 @@ def run_table(records: list[Measurement]) -> list[str]:
     """A row per record, a column per figure."""
     names = columns(records)
     headers = ["wall" if n == WALL else n.removeprefix("held-out ") for n in names]
-    lines = ["| run | " + " | ".join(headers) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = [table_row(["run", *headers]), rule(len(names) + 1)]
     for r in records:
         cells = [fmt(n, r.figures[n]) if n in r.figures else "" for n in names]
-        lines.append(f"| {fmt('', r.label)} | " + " | ".join(cells) + " |")
+        lines.append(table_row([fmt("", r.label), *cells]))
     return lines
 
 
 def arms(names: list[str]) -> list[str]:
     """The prefixes of figure names ('shared: x', 'roles: x') of which two or more figures
-    each share their name's rest with another prefix's: the arms of a one-record comparison;
-    [] when fewer than two."""
+    each share their name's rest with another prefix's, when they name half the figures or
+    more: the arms of a comparison; [] when fewer than two."""
     by_rest: dict[str, list[str]] = {}
     for prefix, _, rest in (n.partition(": ") for n in names if ": " in n):
         by_rest.setdefault(rest, []).append(prefix)
     shared = [p for ps in by_rest.values() if len(ps) > 1 for p in ps]
     found = [p for p in dict.fromkeys(shared) if shared.count(p) > 1]
-    return found if 1 < len(found) <= MAX_ARMS else []
+    armed = [n for n in names if n.partition(": ")[0] in found]
+    return found if 1 < len(found) <= MAX_ARMS and 2 * len(armed) >= len(names) else []
 
 
-def arms_table(record: Measurement, sides: list[str]) -> list[str]:
-    """One record's figures with a column per arm (a row per figure name's rest), then its
-    other figures on one line."""
-    lines = ["| | " + " | ".join(sides) + " |", "|---" * (len(sides) + 1) + "|"]
+def arms_table(record: Measurement, sides: list[str], corner: str = "") -> list[str]:
+    """One record's figures with a column per arm (a row per figure name's rest; `corner` in
+    the top left), then its other figures on one line."""
+    lines = [table_row([corner, *sides]), rule(len(sides) + 1)]
     rests = dict.fromkeys(
         n.partition(": ")[2] for n in record.figures if n.partition(": ")[0] in sides
     )
@@ -393,7 +426,7 @@ def arms_table(record: Measurement, sides: list[str]) -> list[str]:
             else ""
             for side in sides
         ]
-        lines.append(f"| {rest} | " + " | ".join(cells) + " |")
+        lines.append(table_row([rest, *cells]))
     others = [
         f"{name} **{fmt(name, value)}**"
         for name, value in record.figures.items()
@@ -402,58 +435,221 @@ def arms_table(record: Measurement, sides: list[str]) -> list[str]:
     return [*lines, "", " · ".join(others)] if others else lines
 
 
-def bench_table(records: list[Measurement]) -> list[str]:
-    """A row per figure, a column per record; one record comparing arms ('chain: ...',
-    'tree: ...'), a column per arm."""
-    if len(records) == 1 and (sides := arms(list(records[0].figures))):
-        return arms_table(records[0], sides)
-    lines = ["| | " + " | ".join(fmt("", r.label) for r in records) + " |"]
-    lines.append("|---" * (len(records) + 1) + "|")
-    for name in columns(records):
+def arm_cell(rest: str, figures: dict[str, Figure], sides: list[str]) -> str:
+    """A record's figures of each arm for one rest as 'a / b' ('-' for a missing one)."""
+    cells = [
+        fmt(rest, figures[f"{s}: {rest}"]) if f"{s}: {rest}" in figures else "-" for s in sides
+    ]
+    return "" if set(cells) == {"-"} else " / ".join(cells)
+
+
+def records_table(records: list[Measurement]) -> list[str]:
+    """A row per figure, a column per record; where the figures compare arms ('chain: x',
+    'tree: x'), a row per rest every arm has, with 'a / b' in its cells."""
+    names = columns(records)
+    sides = arms(names)
+    sides = sides if len(sides) <= MAX_CELL_ARMS else []
+    both = [
+        rest
+        for rest in dict.fromkeys(n.partition(": ")[2] for n in names)
+        if sides and all(f"{s}: {rest}" in names for s in sides)
+    ]
+    sides = sides if both else []
+    lines = [table_row([" / ".join(sides), *(fmt("", r.label) for r in records)])]
+    lines.append(rule(len(records) + 1))
+    for rest in both:
+        lines.append(table_row([rest, *(arm_cell(rest, r.figures, sides) for r in records)]))
+    for name in names:
+        if name.partition(": ")[0] in sides and name.partition(": ")[2] in both:
+            continue
         cells = [fmt(name, r.figures[name]) if name in r.figures else "" for r in records]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(table_row([name, *cells]))
+    return lines
+
+
+def apart(records: list[Measurement]) -> list[list[Measurement]]:
+    """The records as tables: a record comparing arms of its own (no figure name shared with
+    another record) alone, the others together; in the order of their first records."""
+    alone = [
+        r
+        for r in records
+        if arms(list(r.figures))
+        and not any(set(r.figures) & set(o.figures) for o in records if o is not r)
+    ]
+    together = [r for r in records if all(r is not a for a in alone)]
+    tables = [[r] for r in alone] + ([together] if together else [])
+    return sorted(tables, key=lambda t: next(i for i, r in enumerate(records) if r is t[0]))
+
+
+def bench_table(records: list[Measurement]) -> list[str]:
+    """A row per figure, a column per record (`records_table`); a record comparing arms
+    ('chain: ...', 'tree: ...') of its own, a table with a column per arm."""
+    lines: list[str] = []
+    tables = apart(records)
+    for table in tables:
+        lines += [""] if lines else []
+        if len(table) == 1 and (sides := arms(list(table[0].figures))):
+            corner = fmt("", table[0].label) if len(tables) > 1 else ""
+            lines += arms_table(table[0], sides, corner)
+        else:
+            lines += records_table(table)
     return lines
 
 
 def shared_command(records: list[Measurement]) -> str:
-    """The whole words every record's command starts with (never cutting a quoted argument),
-    when there are two records or more and it is at least MIN_SHARED characters; else ''."""
+    """The whole words every record's command starts with (never cutting a quoted argument;
+    a row's whole command may be all of it), when there are two records or more and it is at
+    least MIN_SHARED characters, or the one command of every record; else ''."""
     if len(records) < 2:
         return ""
+    if len({r.command for r in records}) == 1:  # one command for every row
+        return records[0].command
     words = [r.command.split(" ") for r in records]
     shared: list[str] = []
     for column in zip(*words, strict=False):
         if len(set(column)) > 1:
             break
         shared.append(column[0])
-    whole = len(min(words, key=len))  # a whole command: nothing would be left to show
-    while shared and (
-        " ".join(shared).count("'") % 2 or shared[-1][0] == "-" or len(shared) == whole
-    ):
+    while shared and (" ".join(shared).count("'") % 2 or shared[-1][0] == "-"):
         shared.pop()  # inside a quote, or a flag without its value
     prefix = " ".join(shared)
     return prefix if len(prefix) >= MIN_SHARED else ""
 
 
-def provenance(record: Measurement, names: dict[tuple, str], shared: str = "") -> str:
-    """A row's command (`…` for the `shared` words its table's commands start with), machine
-    (and dtype) and commit, and its note."""
+WORD = re.compile(r"(?:[^\s']+|'[^']*'|')+")  # a quote without its end is a character
+
+
+def options(rest: str) -> list[str]:
+    """A command's arguments, one option a string: a word starting with '-' and the words up to
+    the next such word (a quoted argument is one word)."""
+    out: list[str] = []
+    for word in WORD.findall(rest):
+        if word.startswith("-") or not out:
+            out.append(word)
+        else:
+            out[-1] += f" {word}"
+    return out
+
+
+def label_parts(label: str) -> list[str]:
+    return [part.strip() for part in label.split(",")]
+
+
+def group_name(labels: list[str], users: list[str]) -> str:
+    """The comma-separated parts of a label that the `users` labels all have, when every label
+    with those parts is a user (so the name says which rows have the group); else ''."""
+    common = [p for p in label_parts(users[0]) if all(p in label_parts(u) for u in users)]
+    named = [label for label in labels if set(common) <= set(label_parts(label))]
+    return ", ".join(common) if common and sorted(named) == sorted(users) else ""
+
+
+def contains(items: list[str], run: tuple[str, ...]) -> bool:
+    return any(tuple(items[i : i + len(run)]) == run for i in range(len(items) - len(run) + 1))
+
+
+def named_groups(rows: dict[str, list[str]]) -> dict[str, str]:
+    """Runs of options that two rows or more have, each named after what those rows' labels
+    share ('<name>' replaces the run in `rows`, in place), while naming one saves MIN_SAVED
+    bytes or more; the names, in the order the rows first use them, with their options."""
+    groups: dict[str, str] = {}
+    while True:
+        best: tuple[int, str, tuple[str, ...]] | None = None
+        runs = dict.fromkeys(
+            tuple(opts[i:j])
+            for opts in rows.values()
+            for i in range(len(opts))
+            for j in range(i + 1, len(opts) + 1)
+        )
+        for run in runs:
+            text = " ".join(run)
+            if len(text) < MIN_SHARED or any(f"<{name}>" in run for name in groups):
+                continue
+            users = [label for label, opts in rows.items() if contains(opts, run)]
+            name = group_name(list(rows), users) if len(users) > 1 else ""
+            if not name or name in groups:
+                continue
+            saved = len(users) * (len(text) - len(name) - 2) - (len(text) + len(name) + 10)
+            if best is None or saved > best[0]:
+                best = (saved, name, run)
+        if best is None or best[0] < MIN_SAVED:
+            break
+        _, name, run = best
+        groups[name] = " ".join(run)
+        for label, opts in rows.items():
+            i = next((i for i in range(len(opts)) if tuple(opts[i : i + len(run)]) == run), -1)
+            if i >= 0:
+                rows[label] = [*opts[:i], f"<{name}>", *opts[i + len(run) :]]
+    first = [o[1:-1] for opts in rows.values() for o in opts if o[1:-1] in groups]
+    return {name: groups[name] for name in dict.fromkeys(first)}
+
+
+def where(record: Measurement, names: dict[tuple, str]) -> str:
     machine = names[machine_key(record.machine)]
-    machine += f", {record.dtype}" if record.dtype else ""
-    command = f"… {record.command[len(shared) + 1 :]}" if shared else record.command
-    line = f"- **{record.label}**: `{command}` · {machine} · `{record.commit}`."
-    return f"{line} {record.note}" if record.note else line
+    return machine + (f", {record.dtype}" if record.dtype else "")
+
+
+def provenance_lines(
+    records: list[Measurement], names: dict[tuple, str], shown: bool = False
+) -> list[str]:
+    """Under a table: every row's command, machine (and dtype) and commit, and its note. What
+    all rows share is written once: their command's start, options that rows of the same name
+    share (named after it), their machine and their commit."""
+    shared = shared_command(records)
+    rests = {r.label: r.command[len(shared) :].strip() if shared else r.command for r in records}
+    rows = {label: options(rest) for label, rest in rests.items()}
+    exact = all(" ".join(rows[label]) == rest for label, rest in rests.items())
+    groups = named_groups(rows) if shared and exact else {}
+    common = {
+        field: values.pop()
+        for field, values in (
+            ("machine", {where(r, names) for r in records}),
+            ("commit", {r.commit for r in records}),
+        )
+        if len(records) > 1 and len(values) == 1
+    }
+    lines = []
+    if groups:
+        lines += [
+            "In the commands below, `<name>` stands for these options (the rows whose label "
+            "says *name* have them):",
+            "",
+            *(f"- `<{name}>`: `{text}`" for name, text in groups.items()),
+            "",
+        ]
+    same = " · ".join(f"`{v}`" if k == "commit" else v for k, v in common.items())
+    head = [f"Every row: {same}."] if same else []
+    if shared and not any(rests.values()):
+        head.append(f"Every row's command: `{shared}`.")
+    elif shared:
+        head.append(f"Each command below starts `{shared}`:")
+    lines += [" ".join(head), ""] if head else []
+    for record in records:
+        rest = " ".join(rows[record.label]) if groups else rests[record.label]
+        if shared and not any(rests.values()):
+            command = ""
+        elif shared:
+            command = f"`… {rest}`" if rest else "no more arguments"
+        else:
+            command = f"`{rest}`"
+        fields = [command] if command else []
+        fields += [] if "machine" in common else [where(record, names)]
+        fields += [] if "commit" in common else [f"`{record.commit}`"]
+        if shown or (record.label.startswith("-") and command.endswith(f" {record.label}`")):
+            line = "- " + " · ".join(fields) + "."  # the label: in the table, or the arguments
+        else:
+            line = f"- **{record.label}**" + (": " + " · ".join(fields) if fields else "") + "."
+        lines.append(f"{line} {record.note}" if record.note else line)
+    return lines
 
 
 def setting_lines(setting: str, records: list[Measurement], names: dict) -> list[str]:
     known = SETTINGS.get(setting, Setting(f"`{setting}`", ""))
     lines = [f"### {known.title}", ""]
     lines += [known.about, ""] if known.about else []
-    table = bench_table if records[0].kind == "bench" else run_table
-    shared = shared_command(records)
-    start = [f"Each command below starts `{shared}`:", ""] if shared else []
-    rows = [provenance(r, names, shared) for r in records]
-    return [*lines, *table(records), "", *start, *rows, ""]
+    table = (bench_table if records[0].kind == "bench" else run_table)(records)
+    # one row whose label the table shows: its command, machine and commit need no label
+    shown = len(records) == 1 and f"|{fmt('', records[0].label)}|" in "\n".join(table)
+    return [*lines, *table, "", *provenance_lines(records, names, shown), ""]
 
 
 def placed(records: list[Measurement]) -> list[tuple[Section, list[tuple[str, list]]]]:
@@ -478,13 +674,13 @@ INTRO = """# Results
 
 The current measurements, a table per setting, generated by `python -m bench.results --write`
 from `bench/results/records/` (never edit this page by hand); under each table, every row's
-command (from the repository's root), machine and commit. For planning and comparison, not
-promises: rerun a row's command for your machine's figures.
+command (from the repository's root), machine and commit, what the rows share written once.
+For planning and comparison, not promises: rerun a row's command for your machine's figures.
 
 A bench writes its record with `--record FILE`, `steprl train` into `runs/<name>/result.json`;
 `python -m bench.results add FILE_OR_RUN_FOLDER [--label NAME] [--note TEXT]` files it,
 replacing the row of the same setting and label (git keeps the old one), and rewrites this
-page. Superseded measurements: [earlier results](#earlier-results)."""
+page."""
 
 HISTORY = f"""## Earlier results
 
