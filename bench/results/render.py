@@ -146,12 +146,11 @@ SETTINGS = {
     ),
     "learn_visual": Setting(
         "Visual grid games (`learn_visual`)",
-        "The VLM `prepare-vlm` builds from SmolLM2-135M-Instruct (a random SigLIP encoder and "
-        "projector), a warm-up (the projector aligned on board captions, then the solver's "
-        "moves; a text game skips the alignment), then 8 iterations of GiGPO "
-        "(8 tasks x 4), up to 8 moves, 48 held-out episodes; each image game beside the same "
-        "game as text on the same model (`--set env.name=...`). Random and constant moves on "
-        "the same held-out tasks: the next table.",
+        "The VLM `prepare-vlm` builds (SmolLM2-135M-Instruct, a random SigLIP encoder and "
+        "projector); a warm-up (the projector aligned on board captions, then the solver's "
+        "moves; text games skip the alignment); 8 iterations of GiGPO (8 tasks x 4), up to 8 "
+        "moves, 48 held-out episodes; each image game beside its text twin on the same model. "
+        "Baselines: the next table.",
     ),
     "bench/baselines.py": Setting(
         "Trivial baselines of the grid games (`bench/baselines.py`)",
