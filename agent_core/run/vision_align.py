@@ -132,12 +132,12 @@ def align(cfg: RunConfig, trainer) -> dict[str, float]:
     pairs = captions(cfg, tasks)  # an env whose images have no caption stops here
     rows = caption_rows(cfg, trainer.tokenizer, pairs)
     heldout = caption_rows(cfg, trainer.tokenizer, captions(cfg, eval_tasks(cfg)[:HELDOUT_TASKS]))
-    before = caption_token_prob(trainer, heldout)
+    figures = {"caption_token_prob_base": caption_token_prob(trainer, heldout)} if heldout else {}
     metrics = trainer.sft_update(rows, warm.align_epochs, warm.align_learning_rate, PROJECTORS)
-    return {
+    if heldout:  # none when the run holds no task out (a task file without held-out rows)
+        figures["caption_token_prob"] = caption_token_prob(trainer, heldout)
+    return figures | {
         "rows": float(len(rows)),
         "optimizer_steps": float(metrics.optimizer_steps),
-        "caption_token_prob_base": before,
-        "caption_token_prob": caption_token_prob(trainer, heldout),
         "seconds": float(metrics.seconds),
     }

@@ -285,12 +285,17 @@ def align_lines(aligned: dict[str, float]) -> list[str]:
     """The console's line on the alignment stage (none when it did not run)."""
     if not aligned:
         return []
-    return [
+    line = (
         f"alignment: the projector learnt {aligned['rows']:.0f} image captions in "
-        f"{aligned['optimizer_steps']:.0f} steps ({aligned['seconds']:.0f} s); on held-out "
-        f"boards the policy gives each caption token probability "
-        f"{aligned['caption_token_prob']:.3f} (before: {aligned['caption_token_prob_base']:.3f})"
-    ]
+        f"{aligned['optimizer_steps']:.0f} steps ({aligned['seconds']:.0f} s)"
+    )
+    if "caption_token_prob" in aligned:
+        after, before = aligned["caption_token_prob"], aligned["caption_token_prob_base"]
+        line += (
+            f"; on held-out boards the policy gives each caption token probability "
+            f"{after:.3f} (before: {before:.3f})"
+        )
+    return [line]
 
 
 def fit_lines(fit: dict[str, float]) -> list[str]:

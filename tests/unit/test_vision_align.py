@@ -14,6 +14,7 @@ import torch
 from agent_core.config.load import load_config
 from agent_core.envs import env_class
 from agent_core.run import vision_align
+from agent_core.run.warmup import align_lines
 from agent_core.trainer.engine import TrainEngine
 from agent_core.trainer.policy_module import PROJECTORS
 from agent_core.trainer.policy_trainer import PolicyTrainer
@@ -95,3 +96,12 @@ def test_training_only_the_projector_needs_zero_stage_0():
     refused = pytest.raises(ValueError, match=r"needs trainer\.zero_stage=0")
     with refused, TrainEngine.training_only(partitioned, PROJECTORS):
         pass
+
+
+def test_no_held_out_task_leaves_out_the_held_out_figure(tiny_vlm_dir, monkeypatch):
+    monkeypatch.setattr(vision_align, "eval_tasks", lambda cfg: [])
+    trainer = PolicyTrainer(tiny_vlm_dir, TrainerSection(**FAST), temperature=1.0, seed=0)
+    figures = vision_align.align(_config(tiny_vlm_dir, "warmup.align_epochs=1"), trainer)
+    assert "caption_token_prob" not in figures and figures["optimizer_steps"] >= 1
+    (line,) = align_lines(figures)
+    assert "held-out" not in line and f"{figures['rows']:.0f} image captions" in line
