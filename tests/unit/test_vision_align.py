@@ -43,10 +43,17 @@ def _snapshot(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
 
 
-def test_the_stage_trains_the_projector_alone_and_lifts_held_out_captions(tiny_vlm_dir):
+def _trainable(trainer: PolicyTrainer) -> set[str]:
+    return {n for n, p in trainer.engine.module.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8}], ids=["full", "lora"])
+def test_the_stage_trains_the_projector_alone_and_lifts_held_out_captions(tiny_vlm_dir, lora):
     cfg = _config(tiny_vlm_dir)
-    trainer = PolicyTrainer(tiny_vlm_dir, TrainerSection(**FAST), temperature=1.0, seed=0)
-    before = _snapshot(trainer)
+    settings = TrainerSection(**FAST, lora=lora)  # LoRA: the adapters wait too
+    trainer = PolicyTrainer(tiny_vlm_dir, settings, temperature=1.0, seed=0)
+    before, trainable = _snapshot(trainer), _trainable(trainer)
+    assert any("language_model" in n for n in trainable)
     figures = vision_align.align(cfg, trainer)
     after = _snapshot(trainer)
     moved = {n for n in before if not torch.equal(before[n], after[n])}
@@ -56,12 +63,8 @@ def test_the_stage_trains_the_projector_alone_and_lifts_held_out_captions(tiny_v
     with_state = {id(p) for p in optimizer.state}
     names = {id(p): n for n, p in trainer.engine.module.named_parameters()}
     assert with_state and all(set(names[i].split(".")) & set(PROJECTORS) for i in with_state)
-    # the language model trains again after the stage (the demonstrations' warm-up)
-    assert all(
-        p.requires_grad
-        for n, p in trainer.engine.module.named_parameters()
-        if "language_model" in n
-    )
+    # what trained before the stage trains again after it (the demonstrations' warm-up)
+    assert _trainable(trainer) == trainable
     assert figures["optimizer_steps"] >= 3 and figures["rows"] >= 6
     assert figures["caption_token_prob"] > figures["caption_token_prob_base"]
 
