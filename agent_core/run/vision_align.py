@@ -48,7 +48,7 @@ def _env(cfg: RunConfig):
 
 def shows_images(cfg: RunConfig, task: Task) -> bool:
     """Whether the env's first observation of `task` shows an image."""
-    return bool(message_images(_env(cfg).reset(task).messages))
+    return bool(message_images(_env(cfg).start_episode(task, cfg.run.seed).messages))
 
 
 def captions(cfg: RunConfig, tasks: list[Task]) -> list[tuple[Image.Image, str]]:
@@ -57,7 +57,7 @@ def captions(cfg: RunConfig, tasks: list[Task]) -> list[tuple[Image.Image, str]]
     pairs = []
     for task in tasks:
         env = _env(cfg)
-        obs = env.reset(task)
+        obs = env.start_episode(task, cfg.run.seed)
         while obs is not None:
             pairs.append((_newest_image(env, obs), _caption(env)))
             reply = env.solve_step()

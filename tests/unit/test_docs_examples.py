@@ -247,6 +247,11 @@ def test_the_image_env_shows_its_board_and_states_its_state(my_ext: str) -> None
         ],
     )
     assert config.env.name == "my_ext:GoalBoardEnv"
+    # the preset's alignment stage reads the env's boards and captions as the docs say
+    from agent_core.run.vision_align import captions
+
+    (image, caption), *_ = captions(config, [task])
+    assert image.size == (64, 64) and caption.count("R") == 1
 
 
 def test_the_colour_env_shows_its_picture_to_a_vlm(my_ext: str, tiny_vlm_dir) -> None:
