@@ -6,10 +6,9 @@ user's agent function behind the policy server when `env.agent` is set.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from agent_core.core.images import ImageSink
-from agent_core.envs import env_class, make_env
+from agent_core.envs import env_class, env_factory
 from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout import build
 from agent_core.rollout.engine import SamplingParams
@@ -42,16 +41,7 @@ def make_loop(
         stop_strings=env_class(env.name).stop_strings,
         seed=seed,
     )
-    factory = partial(
-        make_env,
-        env.name,
-        env.max_steps,
-        env.few_shot,
-        env.kwargs,
-        env.context,
-        env.tools,
-        env.tool_options.model_dump(),
-    )
+    factory = env_factory(env)
     if env.agent is not None and engine is not None:
         return agent_function_loop(cfg, engine, factory, sampling, images)
     if engine is not None:

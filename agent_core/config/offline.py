@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.core.records import Action, StepResult, Task
-from agent_core.envs import AgentEnv, make_env
+from agent_core.envs import AgentEnv, env_factory
 from agent_core.envs.base import TaskSplit
 from agent_core.prompting.context import ContextServices
 from agent_core.run.evaluate import eval_tasks
@@ -46,15 +46,7 @@ class OfflineEpisode:
 def offline_env(env: EnvSection) -> AgentEnv:
     """One env instance built from the config's env section as a rollout builds it
     (constructor keywords, context policy, extra tools), its context policy served offline."""
-    built = make_env(
-        env.name,
-        env.max_steps,
-        env.few_shot,
-        env.kwargs,
-        env.context,
-        env.tools,
-        env.tool_options.model_dump(),
-    )
+    built = env_factory(env)()
     built.bind_services(OFFLINE_SERVICES)
     return built
 

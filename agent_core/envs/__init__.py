@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from agent_core.core.records import Task
@@ -22,6 +24,7 @@ from agent_core.envs.tool_env import ToolEnv
 from agent_core.envs.visual_search import VisualSearchEnv
 from agent_core.prompting.context import make_context_policy
 from agent_core.tools import make_tool
+from configs.env import EnvSection
 
 ENVS: dict[str, type[AgentEnv]] = {
     CalculatorEnv.name: CalculatorEnv,
@@ -105,6 +108,21 @@ def make_env(
     return env
 
 
+def env_factory(env: EnvSection) -> Callable[[], AgentEnv]:
+    """A maker of env instances as the config's env section describes them (`make_env` with
+    its name, limits, keywords, context policy, extra tools and tool options)."""
+    return partial(
+        make_env,
+        env.name,
+        env.max_steps,
+        env.few_shot,
+        env.kwargs,
+        env.context,
+        env.tools,
+        env.tool_options.model_dump(),
+    )
+
+
 def make_tasks(
     name: str, seeds: list[int], task_options: dict[str, Any], split: TaskSplit
 ) -> list[Task]:
@@ -133,6 +151,7 @@ __all__ = [
     "VisualSearchEnv",
     "constructor_arguments",
     "env_class",
+    "env_factory",
     "make_env",
     "make_tasks",
 ]

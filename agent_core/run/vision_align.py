@@ -19,7 +19,7 @@ from PIL import Image
 from agent_core.collect.iteration_tasks import train_tasks
 from agent_core.core.images import image_part, message_images, text_part
 from agent_core.core.records import Action, Observation, Task
-from agent_core.envs import make_env
+from agent_core.envs import env_factory
 from agent_core.models import load_processor
 from agent_core.prompting.renderer import PromptRenderer
 from agent_core.run.evaluate import eval_tasks
@@ -33,22 +33,9 @@ QUESTION = "What does the image show? Write it out."
 HELDOUT_TASKS = 16  # held-out tasks whose boards the stage's before/after figure reads
 
 
-def _env(cfg: RunConfig):
-    env = cfg.env
-    return make_env(
-        env.name,
-        env.max_steps,
-        env.few_shot,
-        env.kwargs,
-        env.context,
-        env.tools,
-        env.tool_options.model_dump(),
-    )
-
-
 def shows_images(cfg: RunConfig, task: Task) -> bool:
     """Whether the env's first observation of `task` shows an image."""
-    return bool(message_images(_env(cfg).start_episode(task, cfg.run.seed).messages))
+    return bool(message_images(env_factory(cfg.env)().start_episode(task, cfg.run.seed).messages))
 
 
 def captions(cfg: RunConfig, tasks: list[Task]) -> list[tuple[Image.Image, str]]:
@@ -56,7 +43,7 @@ def captions(cfg: RunConfig, tasks: list[Task]) -> list[tuple[Image.Image, str]]
     first observation, then one after each solver move until the episode ends."""
     pairs = []
     for task in tasks:
-        env = _env(cfg)
+        env = env_factory(cfg.env)()
         obs = env.start_episode(task, cfg.run.seed)
         while obs is not None:
             pairs.append((_newest_image(env, obs), _caption(env)))
