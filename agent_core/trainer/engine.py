@@ -39,6 +39,7 @@ from agent_core.trainer.distributed import (
     select_accelerator,
     single_process_env,
 )
+from agent_core.trainer.flat_grads import FlatGrads
 from agent_core.trainer.optimizers import build_optimizer, set_lr
 from agent_core.trainer.policy_module import PolicyModule, freeze_vision_tower, pretrained_lm
 from agent_core.trainer.role_adapters import RoleAdapters
@@ -78,6 +79,10 @@ class TrainEngine:
         # VLM's never: equal image tokens may stand for different pictures
         shared = cfg.shared_prefix and self.processor is None
         self.tree = cfg.micro_batch_tokens if shared else None
+        # one process, ZeRO 0: a step's gradients in one buffer (ranks and ZeRO keep their own)
+        self.flat_grads = None
+        if cfg.zero_stage == 0 and self.world == 1:
+            self.flat_grads = FlatGrads(self.engine.module)
 
     def _ds_config(self) -> dict:
         return {
@@ -232,11 +237,15 @@ class TrainEngine:
         non-finite loss on any rank skips this backward on every rank."""
         if any_rank(not torch.isfinite(loss), self.world):
             raise FloatingPointError("non-finite loss")
+        if self.flat_grads is not None:
+            self.flat_grads.install()
         self.engine.backward(loss * (weight * self.world), scale_wrt_gas=False)
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (a mini-batch whose step is not taken)."""
         self.engine.zero_grad()
+        if self.flat_grads is not None:
+            self.flat_grads.release()
 
     def step(self, metrics: UpdateMetrics, sums: dict, done: int, scheduled: bool) -> None:
         """One optimizer step on the accumulated gradients, unless no micro-batch of any rank
@@ -244,9 +253,11 @@ class TrainEngine:
         `scheduled`: the step's learning rate is RL's (`_set_lr`), else the param groups keep
         the one they hold (the warm-up's)."""
         if not any_rank(done > 0, self.world):  # every micro-batch had a non-finite loss
-            self.engine.zero_grad()
+            self.zero_grad()
             metrics.skipped_steps += 1
             return
+        if self.flat_grads is not None:
+            self.flat_grads.settle()
         norm = self._grad_norm()
         if norm is not None and self.roles is not None and math.isfinite(norm):
             for adapter, own in self._clip_each_group().items():
@@ -254,11 +265,13 @@ class TrainEngine:
                     sums[key] = sums.get(key, 0.0) + value
         if norm is not None and any_rank(not math.isfinite(norm), self.world):
             # a non-finite gradient never reaches the weights (or a checkpoint)
-            self.engine.zero_grad()
+            self.zero_grad()
             metrics.skipped_steps += 1
             return
         sums["lr"] = sums.get("lr", 0.0) + self._set_lr(scheduled)
         self.engine.step()
+        if self.flat_grads is not None:
+            self.flat_grads.release()
         if norm is None or self.world > 1:  # the local norm is not the global one
             norm = self.engine.get_global_grad_norm()
         sums["norm"] = sums.get("norm", 0.0) + float(norm or 0.0)
