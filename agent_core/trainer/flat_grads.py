@@ -11,6 +11,8 @@ zeros. A weight no backward of the step reached gets its gradient back to None b
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -24,8 +26,9 @@ class FlatGrads:
         self.hooked: set[int] = set()
         self.buffers: list[torch.Tensor] = []
 
-    def _reached(self, param: torch.Tensor) -> None:
-        self.reached.add(id(param))
+    @staticmethod
+    def _reach(reached: set[int], param: torch.Tensor) -> None:
+        reached.add(id(param))
 
     def install(self) -> None:
         """Before a backward: when no trainable weight holds a gradient (the step's first
@@ -39,7 +42,12 @@ class FlatGrads:
             groups.setdefault((param.dtype, param.device), []).append(param)
         for param in trainable:  # a weight frozen so far (e.g. before an alignment stage) too
             if id(param) not in self.hooked:
-                param.register_post_accumulate_grad_hook(self._reached)
+                # the hook holds the id set alone: one that held this object (and so the
+                # weights) would make a cycle through the weights' C++ side that Python's
+                # collector cannot free, keeping a dropped trainer's weights alive
+                param.register_post_accumulate_grad_hook(
+                    functools.partial(self._reach, self.reached)
+                )
                 self.hooked.add(id(param))
         for (dtype, device), params in groups.items():
             buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)

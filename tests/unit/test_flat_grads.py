@@ -101,3 +101,17 @@ def test_a_weight_frozen_at_first_gets_its_gradient_once_it_trains() -> None:
     model(torch.randn(5, 8)).backward()
     flat.settle()
     assert torch.count_nonzero(model.used.weight.grad) > 0 and model.unused.weight.grad is None
+
+
+def test_a_dropped_model_with_its_buffer_is_freed() -> None:
+    import gc
+    import weakref
+
+    model = _TwoHeads()
+    flat = FlatGrads(model)
+    flat.install()
+    model(torch.randn(5, 8)).backward()
+    gone = weakref.ref(model.body.weight)
+    del model, flat
+    gc.collect()
+    assert gone() is None
