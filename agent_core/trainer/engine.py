@@ -237,9 +237,15 @@ class TrainEngine:
         non-finite loss on any rank skips this backward on every rank."""
         if any_rank(not torch.isfinite(loss), self.world):
             raise FloatingPointError("non-finite loss")
-        if self.flat_grads is not None:
-            self.flat_grads.install()
         self.engine.backward(loss * (weight * self.world), scale_wrt_gas=False)
+
+    def begin_step(self, backwards: int) -> None:
+        """Before an optimizer step's `backwards` backward passes: with several, the step's
+        gradients go into one buffer (`FlatGrads`: no arena fragments from them); a single one
+        lets autograd allocate each weight's gradient as the backward frees the activations
+        above it, so the gradients never sit beside a whole micro-batch's activations."""
+        if self.flat_grads is not None and backwards > 1:
+            self.flat_grads.install()
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (a mini-batch whose step is not taken)."""

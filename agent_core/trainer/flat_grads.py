@@ -1,12 +1,13 @@
 """`FlatGrads`: an optimizer step's gradients in one buffer per dtype, allocated before the
-step's first backward and released at the step. Autograd otherwise allocates each weight's
-gradient on its own in the middle of the backward, most of them (a 135M model's 0.4-3.5 MB
-matrices) below glibc's mmap threshold, so they land in the malloc arenas between the
-activations' blocks, and what the arenas keep after the step stays resident; one large buffer
-is mapped and unmapped whole. The gradients' values are those autograd gives: it adds each
-micro-batch's gradient in place into a weight's existing gradient, and the first add lands on
-zeros. A weight no backward of the step reached gets its gradient back to None before the step
-(as without the buffer: AdamW skips it, clipping leaves it out).
+step's first backward (`TrainEngine.begin_step`, for a step of several backwards) and released
+at the step. Autograd otherwise allocates each weight's gradient on its own in the middle of
+the backward, most of them (a 135M model's 0.4-3.5 MB matrices) below glibc's mmap threshold,
+so they land in the malloc arenas between the activations' blocks, and what the arenas keep
+after the step stays resident; one large buffer is mapped and unmapped whole. The gradients'
+values are those autograd gives: it adds each micro-batch's gradient in place into a weight's
+existing gradient, and the first add lands on zeros. A weight no backward of the step reached
+gets its gradient back to None before the step (as without the buffer: AdamW skips it,
+clipping leaves it out).
 """
 
 from __future__ import annotations

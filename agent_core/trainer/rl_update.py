@@ -238,7 +238,9 @@ class RLUpdate:
         token_count = sum(e - s for seqs in micros for q in seqs for _, s, e in q.spans)
         step_count = sum(len(q.spans) for seqs in micros for q in seqs)
         done, kl_before = 0, sums.get("approx_kl", 0.0)
-        for seqs, counts in rank_share(micros, self.engine.rank, self.engine.world):
+        share = rank_share(micros, self.engine.rank, self.engine.world)
+        self.engine.begin_step(len(share) + bool(demo))
+        for seqs, counts in share:
             batch = self.engine.collate(seqs, run.rows)
             try:
                 if run.supervised:

@@ -115,3 +115,16 @@ def test_a_dropped_model_with_its_buffer_is_freed() -> None:
     del model, flat
     gc.collect()
     assert gone() is None
+
+
+def test_only_steps_of_several_backwards_use_the_buffer(tiny_model_dir: Path, monkeypatch) -> None:
+    installs = []
+    monkeypatch.setattr(FlatGrads, "install", lambda self: installs.append(1))
+    for micro, expected in ((4, 0), (2, 2)):  # 8 rows, mini-batches of 4: 2 steps
+        overrides = [f"model.path={tiny_model_dir}", "trainer.dtype=float32"]
+        overrides += [f"trainer.micro_batch_size={micro}", "trainer.mini_batch_size=4"]
+        overrides += ["trainer.shared_prefix=false"]
+        trainer = trainers.build_trainer(load_config("smoke", overrides), tiny_model_dir, None)
+        installs.clear()
+        trainer.update(rows(), iteration=1)
+        assert len(installs) == expected, micro
