@@ -95,7 +95,8 @@ class EnvSection(Section):
     context: str | dict[str, Any] = Field(
         "full",
         description="Context policy: what history enters each observation. 'full' (every "
-        "message; prompts grow by appending tokens), {name: window, last_turns: N}, "
+        "message; prompts grow by appending tokens), {name: window, last_turns: N}, 'latest' "
+        "(the newest observation alone, no earlier reply), "
         "{name: token_budget, max_tokens: N}, {name: summarize, summarizer: rule|policy, "
         "keep_last_turns: K}, or 'package.module:Class'.",
     )

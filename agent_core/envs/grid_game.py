@@ -167,7 +167,11 @@ class GridGameEnv(AgentEnv):
             feedback = f"{note} {self.end_note()}"
             self.history.append({"role": "user", "content": feedback})
             return StepResult(None, reward, True, feedback, not self.game.done, info)
-        message = self.board_message(f"{note} The board:", "Your move?")
+        # the board alone tells where the move led: naming the move would let a policy repeat
+        # its last one, which the solver's games reward half the time, without reading the board
+        stayed = move is not None and self.game.key() == before.key()
+        shown = note if move is None else "That move went nowhere." if stayed else ""
+        message = self.board_message(f"{shown} The board:".lstrip(), "Your move?")
         self.history.append(message)
         return StepResult(self.observe(), reward, False, feedback=note, info=info)
 

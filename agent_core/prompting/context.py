@@ -116,6 +116,17 @@ class SlidingWindow(ContextPolicy):
         return [*history[:n_prefix], *_flatten(turns[-self.last_turns :])]
 
 
+class LatestObservation(ContextPolicy):
+    """The prefix plus the newest observation alone: the messages after the last reply (before
+    any reply, the first turn). No earlier reply enters the prompt, so a policy cannot lean on
+    its own last move where the newest observation holds the whole state (a board game)."""
+
+    def select(self, history: list[Message], n_prefix: int) -> list[Message]:
+        turns = split_turns(history[n_prefix:])
+        newest = [m for m in turns[-1] if m["role"] != "assistant"] if turns else []
+        return [*history[:n_prefix], *newest]
+
+
 class TokenBudget(ContextPolicy):
     """The prefix plus as many of the newest whole turns as fit in `max_tokens`.
 
@@ -270,6 +281,7 @@ class Summarize(ContextPolicy):
 CONTEXT_POLICIES: dict[str, type[ContextPolicy]] = {
     "full": FullHistory,
     "window": SlidingWindow,
+    "latest": LatestObservation,
     "token_budget": TokenBudget,
     "summarize": Summarize,
 }
@@ -278,6 +290,7 @@ CONTEXT_POLICIES: dict[str, type[ContextPolicy]] = {
 SPEC_EXAMPLES: dict[str, Any] = {
     "full": "full",
     "window": {"name": "window", "last_turns": 2},
+    "latest": "latest",
     "token_budget": {"name": "token_budget", "max_tokens": 1024},
     "summarize": {"name": "summarize", "summarizer": "rule", "keep_last_turns": 1},
 }
@@ -328,10 +341,11 @@ def make_summarizer(spec: str | Mapping[str, Any] | Summarizer) -> Summarizer:
 def make_context_policy(spec: str | Mapping[str, Any] | ContextPolicy) -> ContextPolicy:
     """A context policy from a config value.
 
-    `spec` is a name ("full", "window", "token_budget", "summarize", or 'package.module:Class')
-    or a mapping with "name" plus constructor arguments, e.g. {"name": "window", "last_turns": 2}
-    or {"name": "summarize", "summarizer": "rule", "keep_last_turns": 1}. Raises ValueError with
-    the known names and a valid example when the name or the arguments are wrong.
+    `spec` is a name ("full", "window", "latest", "token_budget", "summarize", or
+    'package.module:Class') or a mapping with "name" plus constructor arguments, e.g.
+    {"name": "window", "last_turns": 2} or {"name": "summarize", "summarizer": "rule",
+    "keep_last_turns": 1}. Raises ValueError with the known names and a valid example when the
+    name or the arguments are wrong.
     """
     if isinstance(spec, ContextPolicy):
         return spec

@@ -12,6 +12,7 @@ from agent_core.prompting.context import (
     SUMMARY_PREFIX,
     ContextServices,
     FullHistory,
+    LatestObservation,
     PolicySummarizer,
     RuleSummarizer,
     SlidingWindow,
@@ -77,6 +78,17 @@ def test_window_never_orphans_a_tool_message() -> None:
 
 def _chars4(messages: list[Message]) -> int:
     return sum(len(m["content"]) for m in messages) // 4
+
+
+def test_latest_keeps_prefix_and_the_newest_observation_without_any_reply() -> None:
+    policy = make_context_policy("latest")
+    assert isinstance(policy, LatestObservation)
+    assert policy.select(HISTORY, N_PREFIX) == [*PREFIX, {"role": "user", "content": "Go on."}]
+    tool_turn = PREFIX + _flat(TURNS[:3])  # the newest observation: both tool results
+    assert policy.select(tool_turn, N_PREFIX) == PREFIX + TURNS[2][1:]
+    first = [{"role": "user", "content": "The board: ..."}]  # no reply yet: the first turn
+    assert policy.select(PREFIX[:1] + first, 1) == PREFIX[:1] + first
+    assert policy.select(PREFIX, N_PREFIX) == PREFIX
 
 
 def test_token_budget_drops_oldest_whole_turns() -> None:
@@ -158,7 +170,7 @@ def test_rule_summarizer_is_deterministic_and_bounded() -> None:
 
 
 def test_factory_builds_each_policy() -> None:
-    assert set(CONTEXT_POLICIES) == {"full", "window", "token_budget", "summarize"}
+    assert set(CONTEXT_POLICIES) == {"full", "window", "latest", "token_budget", "summarize"}
     assert set(SUMMARIZERS) == {"rule", "policy"}
     assert isinstance(make_context_policy("full"), FullHistory)
     assert make_context_policy("window").last_turns == 2
@@ -176,7 +188,7 @@ def test_factory_builds_each_policy() -> None:
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("windw", "choose one of full, summarize, token_budget, window"),
+        ("windw", "choose one of full, latest, summarize, token_budget, window"),
         ({"last_turns": 2}, "'name'"),
         (3, "give a name"),
         ({"name": "window", "turns": 2}, "takes: last_turns=2;"),

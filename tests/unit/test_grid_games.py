@@ -69,8 +69,12 @@ def test_a_hole_ends_the_episode_lost_and_a_wall_costs_a_little() -> None:
     first = env.reset(task)
     assert "P _ O" in first.messages[-1]["content"]
     replies = ["<answer>Up</answer>", "<answer>right</answer>", "<answer>DOWN</answer>"]
-    blocked, _, fell = _play(env, task, replies)
+    blocked, moved, fell = _play(env, task, replies)
     assert blocked.reward == FrozenLakeEnv.BLOCKED_PENALTY and not blocked.done
+    # the next board says a move went nowhere, never which move was played
+    assert blocked.observation.messages[-1]["content"].startswith("That move went nowhere.")
+    assert moved.observation.messages[-1]["content"].startswith("The board:")
+    assert moved.feedback == "You moved Right."  # the step row's feedback keeps it
     assert fell.done and not fell.truncated and fell.info["end"] == "lost" and fell.reward == 0.0
     assert fell.info["state"] == [
         ["target", "below", "right"],
