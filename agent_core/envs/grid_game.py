@@ -73,6 +73,11 @@ class GridGame(Protocol):
         """What identifies this state within its task (the env's anchor key)."""
 
 
+def went_nowhere(before: GridGame, after: GridGame) -> bool:
+    """A move that changed nothing (into a wall, or a box that cannot move)."""
+    return after.key() == before.key()
+
+
 class GridGameEnv(AgentEnv):
     """A grid game played one move per reply; subclasses give the game (`game_of`) and its
     rules; the board is shown as text (`board_message`; the image versions draw it)."""
@@ -169,7 +174,7 @@ class GridGameEnv(AgentEnv):
             return StepResult(None, reward, True, feedback, not self.game.done, info)
         # the board alone tells where the move led: naming the move would let a policy repeat
         # its last one, which the solver's games reward half the time, without reading the board
-        stayed = move is not None and self.game.key() == before.key()
+        stayed = move is not None and went_nowhere(before, self.game)
         shown = note if move is None else "That move went nowhere." if stayed else ""
         message = self.board_message(f"{shown} The board:".lstrip(), "Your move?")
         self.history.append(message)
@@ -178,7 +183,7 @@ class GridGameEnv(AgentEnv):
     def reward_of(self, before: GridGame, after: GridGame) -> float:
         if after.success:
             return self.GOAL_REWARD
-        return self.BLOCKED_PENALTY if after.key() == before.key() else 0.0
+        return self.BLOCKED_PENALTY if went_nowhere(before, after) else 0.0
 
     def invalid_note(self) -> str:
         return f"Invalid reply: no move found. {FORMAT_RULES['answer']} Moves: {', '.join(MOVES)}."

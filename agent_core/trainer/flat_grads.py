@@ -57,7 +57,6 @@ class FlatGrads:
                 param.grad = buffer[start : start + param.numel()].view_as(param)
                 start += param.numel()
             self.buffers.append(buffer)
-        self.reached.clear()
 
     def settle(self) -> None:
         """Before the step: a weight that no backward reached loses its (zero) gradient."""
