@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +177,9 @@ def sync_server_engine(cfg: RunConfig, run_dir: Path, version: int, weights: Pat
 def return_free_memory() -> None:
     """Hand freed heap pages back to the OS. glibc keeps memory freed by an update (activations,
     logits, checkpoint copies) in its per-thread arenas, so the process's resident size would
-    stay at the update's peak through the next rollout; elsewhere this does nothing."""
+    stay at the update's peak through the next rollout; elsewhere this does nothing. Garbage
+    in reference cycles is collected first: a dropped trainer or engine whose objects refer to
+    each other would otherwise hold its tensors until Python's collector next runs."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
         ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: no library lookup

@@ -17,6 +17,7 @@ from agent_core.algorithms.off_policy import off_policy_weights
 from agent_core.core import progress
 from agent_core.core.adapters import SHARED
 from agent_core.core.faults import crash_point
+from agent_core.core.heap import training_heap
 from agent_core.trainer.batching import (
     TrainRow,
     TrainSequence,
@@ -80,7 +81,8 @@ class RLUpdate:
         trainer.demonstration_loss_coef times the mean NLL of the episodes of `demonstrations`
         drawn for that step (`SupervisedLoss.demonstration_draws`)."""
         epochs = self.cfg.epochs if epochs is None else epochs
-        return self._run(rows, iteration, epochs, demonstrations, supervised=False)
+        with training_heap():
+            return self._run(rows, iteration, epochs, demonstrations, supervised=False)
 
     def sft_update(
         self, rows: list[TrainRow], epochs: int, learning_rate: float, only: tuple[str, ...] = ()
@@ -90,7 +92,7 @@ class RLUpdate:
         step sets its own learning rate again); `only`: train just the weights under these
         module names (`TrainEngine.training_only`)."""
         self.engine.set_learning_rate(learning_rate)
-        with self.engine.training_only(only):
+        with self.engine.training_only(only), training_heap():
             return self._run(rows, 0, epochs, None, supervised=True)
 
     def _run(
