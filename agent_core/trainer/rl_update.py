@@ -81,7 +81,7 @@ class RLUpdate:
         trainer.demonstration_loss_coef times the mean NLL of the episodes of `demonstrations`
         drawn for that step (`SupervisedLoss.demonstration_draws`)."""
         epochs = self.cfg.epochs if epochs is None else epochs
-        with training_heap():
+        with training_heap(self._mmap_threshold()):
             return self._run(rows, iteration, epochs, demonstrations, supervised=False)
 
     def sft_update(
@@ -92,8 +92,13 @@ class RLUpdate:
         step sets its own learning rate again); `only`: train just the weights under these
         module names (`TrainEngine.training_only`)."""
         self.engine.set_learning_rate(learning_rate)
-        with self.engine.training_only(only), training_heap():
+        with self.engine.training_only(only), training_heap(self._mmap_threshold()):
             return self._run(rows, 0, epochs, None, supervised=True)
+
+    def _mmap_threshold(self) -> int | None:
+        """trainer.mmap_threshold_mib in bytes (None: the process's threshold)."""
+        mib = self.cfg.mmap_threshold_mib
+        return None if mib is None else int(mib * 2**20)
 
     def _run(
         self,

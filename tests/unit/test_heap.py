@@ -51,8 +51,8 @@ def test_a_users_environment_variable_wins() -> None:
     }
 
 
-# a 3 MiB block, between the training threshold and the process's: mapped on its own while
-# training, from the arena after (a fresh process's arena top is smaller than the block, so
+# a 3 MiB block, between a 1 MiB training threshold and the process's: mapped on its own while
+# training, from the arena otherwise (a fresh process's arena top is smaller than the block, so
 # it comes from the heap's growth, where the threshold decides)
 MAPPED = """
 import ctypes, json
@@ -74,14 +74,17 @@ def mapped():
     libc.free(ctypes.c_void_p(block))
     return now > before
 
-with training_heap():
+with training_heap(2**20):
     training = mapped()
-print(json.dumps([training, mapped()]))
+with training_heap(None):
+    unset = mapped()
+print(json.dumps([training, unset, mapped()]))
 """
 
 
 def _mapped(settle: bool, env: dict[str, str]) -> list[bool]:
-    """[a 3 MiB block mapped while training, one mapped after], in a fresh process."""
+    """Whether a 3 MiB block is mapped while training at 1 MiB, while training without a
+    threshold of its own, and after, in a fresh process."""
     code = MAPPED.replace("SETTLE", str(settle))
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
@@ -91,7 +94,7 @@ def _mapped(settle: bool, env: dict[str, str]) -> list[bool]:
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt and mallinfo2")
 def test_training_maps_smaller_blocks_and_puts_the_threshold_back() -> None:
-    assert _mapped(True, _clean_env()) == [True, False]
+    assert _mapped(True, _clean_env()) == [True, False, False]
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt and mallinfo2")
@@ -99,5 +102,5 @@ def test_training_leaves_a_threshold_it_did_not_set() -> None:
     # the user's threshold (8 MiB), with settle_heap (the steprl command) or without (a
     # library user's process): the block stays in the arena while training too
     env = {**_clean_env(), "MALLOC_MMAP_THRESHOLD_": str(8 * 2**20)}
-    assert _mapped(True, env) == [False, False]
-    assert _mapped(False, env) == [False, False]
+    assert _mapped(True, env) == [False, False, False]
+    assert _mapped(False, env) == [False, False, False]
