@@ -49,7 +49,7 @@ def settle_heap() -> dict[str, int]:
     done: dict[str, int] = {}
     for name, capacity in KERNEL_CACHES:
         if name not in os.environ:
-            os.environ[name] = str(capacity)  # inherited by rollout workers and trainer ranks
+            os.environ[name] = str(capacity)  # a local Ray's workers and ranks inherit it
             done[name] = capacity
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: no library lookup
