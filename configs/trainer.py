@@ -275,8 +275,8 @@ class TrainerSection(Section):
         le=32.0,
         description="While the trainer trains, glibc maps every block of this many MiB or more "
         "on its own, so freed gradients, moments and activations leave no free space resident "
-        "(None: the process's 4 MiB). 1 cut the 135M model's update from 24.5 to 23.2 bytes "
-        "per parameter at 4 % more time, and took a 360M model's 23 % longer "
+        "(None: the process's 4 MiB). 1 cut the 135M model's checkpointed update from 24.7 to "
+        "23.1 bytes per parameter at 8 % more time, and took a 360M model's 23 % longer "
         "(docs/scaling.md). Only where the steprl command set the threshold: a "
         "MALLOC_MMAP_THRESHOLD_ in the environment wins.",
     )
