@@ -93,6 +93,11 @@ def hold_run_lock(run_dir: Path) -> subprocess.Popen:
     return proc
 
 
+# answers Prefect's client retries (prefect.client.base): too many requests, a bad gateway, and
+# the 503 its server sends for a busy SQLite database
+RETRYABLE_STATUS = frozenset({429, 502, 503})
+
+
 @dataclass
 class Served:
     """Servers started by `flows.serve.start_services` and the temp folder they work in."""
@@ -113,16 +118,30 @@ class Served:
         response.raise_for_status()
         return {"Prefect-Csrf-Token": response.json()["token"], "Prefect-Csrf-Client": client}
 
-    def flow_runs(self, where: dict) -> list[dict]:
-        """Flow runs matching a Prefect `flow_runs` filter (e.g. {"name": {"any_": [...]}})."""
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request to the Prefect server's API (`path` after `/api`), sent as Prefect's own
+        client sends it: a state change carries CSRF headers, and a retryable answer (429, 502,
+        503: the server answers 503 while its SQLite database is busy) is retried, five times
+        with growing waits (31 s in all). Returns the last `httpx.Response` either way."""
+        import time
+
         import httpx
 
-        response = httpx.post(
-            f"{self.services.prefect_url}/api/flow_runs/filter",
-            json={"flow_runs": where},
-            headers=self.csrf_headers(),
-            timeout=30,
-        )
+        if method.upper() != "GET":
+            kwargs["headers"] = self.csrf_headers() | kwargs.get("headers", {})
+        kwargs.setdefault("timeout", 30)
+        url = f"{self.services.prefect_url}/api{path}"
+        response = httpx.request(method, url, **kwargs)
+        for wait_s in (1, 2, 4, 8, 16):
+            if response.status_code not in RETRYABLE_STATUS:
+                break
+            time.sleep(wait_s)
+            response = httpx.request(method, url, **kwargs)
+        return response
+
+    def flow_runs(self, where: dict) -> list[dict]:
+        """Flow runs matching a Prefect `flow_runs` filter (e.g. {"name": {"any_": [...]}})."""
+        response = self.api("post", "/flow_runs/filter", json={"flow_runs": where})
         response.raise_for_status()
         return response.json()
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 from agent_core.config.load import load_config
@@ -61,35 +60,29 @@ def _without_nulls(value):
     return [_without_nulls(v) for v in value] if isinstance(value, list) else value
 
 
-def _deployment_id(api: str, runner: subprocess.Popen, log) -> str:
+def _deployment_id(served, runner: subprocess.Popen, log) -> str:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         assert runner.poll() is None, log.read_text(errors="replace")[-3000:]
-        found = httpx.get(f"{api}/deployments/name/train/smoke", timeout=30)
+        found = served.api("get", "/deployments/name/train/smoke")
         if found.status_code == 200:
             return found.json()["id"]
         time.sleep(2)
     raise AssertionError("the served deployment never appeared\n" + log.read_text()[-3000:])
 
 
-def _create_run(served, url: str, parameters: dict) -> dict:
-    """POST the run as the UI does; a 503 (the busy server's retryable error, e.g. its
-    database locked) is retried, as Prefect's own client does."""
-    for _ in range(10):
-        created = httpx.post(
-            url, json={"parameters": parameters}, headers=served.csrf_headers(), timeout=30
-        )
-        if created.status_code != 503:
-            break
-        time.sleep(3)
+def _create_run(served, deployment_id: str, parameters: dict) -> dict:
+    """POST the run as the UI does (`served.api` retries a busy server's 503)."""
+    path = f"/deployments/{deployment_id}/create_flow_run"
+    created = served.api("post", path, json={"parameters": parameters})
     assert created.status_code == 201, created.text
     return created.json()
 
 
-def _final_state(api: str, run_id: str) -> dict:
+def _final_state(served, run_id: str) -> dict:
     deadline = time.monotonic() + RUN_S
     while time.monotonic() < deadline:
-        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
+        state = served.api("get", f"/flow_runs/{run_id}").json()["state"]
         if state["type"] in {"FAILED", "CRASHED", "COMPLETED", "CANCELLED"}:
             return state
         time.sleep(2)
@@ -120,12 +113,11 @@ def test_a_deployment_run_naming_stdlib_functions_is_refused(served) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    api = f"{served.services.prefect_url}/api"
     try:
-        deployment = _deployment_id(api, runner, log)
+        deployment = _deployment_id(served, runner, log)
         parameters = {"config": _attack(str(marker), str(outside), str(python))}
-        created = _create_run(served, f"{api}/deployments/{deployment}/create_flow_run", parameters)
-        state = _final_state(api, created["id"])
+        created = _create_run(served, deployment, parameters)
+        state = _final_state(served, created["id"])
     finally:
         stop_process_group(runner)
     message = state["message"] or ""

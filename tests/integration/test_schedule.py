@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from mlflow import MlflowClient
 
@@ -28,13 +27,12 @@ def _register(served, **schedule) -> dict[str, dict]:
     """Apply the smoke deployments to the server and read them back, by flow name."""
     with served.services.prefect_client():
         ids = [deployment.apply() for deployment in build_deployments(["smoke"], **schedule)]
-    api = f"{served.services.prefect_url}/api"
     found = {}
     for deployment_id in ids:
-        response = httpx.get(f"{api}/deployments/{deployment_id}", timeout=30)
+        response = served.api("get", f"/deployments/{deployment_id}")
         response.raise_for_status()
         deployment = response.json()
-        flow = httpx.get(f"{api}/flows/{deployment['flow_id']}", timeout=30).json()
+        flow = served.api("get", f"/flows/{deployment['flow_id']}").json()
         found[flow["name"]] = deployment
     assert set(found) == {"train", "evaluate"}, found.keys()
     return found
@@ -118,13 +116,12 @@ def test_a_scheduled_run_continues_the_run(served) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its flow-run processes are stopped with it
         )
-    api = f"{served.services.prefect_url}/api"
     try:
         runs, completed, deadline = [], [], time.monotonic() + FIRE_S
         while not completed and time.monotonic() < deadline:
             assert runner.poll() is None, log.read_text(errors="replace")[-3000:]
             time.sleep(3)
-            deployment = httpx.get(f"{api}/deployments/name/train/smoke", timeout=30)
+            deployment = served.api("get", "/deployments/name/train/smoke")
             if deployment.status_code != 200:
                 continue
             runs = _scheduled_runs(served, deployment.json()["id"])
@@ -151,7 +148,7 @@ def test_a_scheduled_run_continues_the_run(served) -> None:
 
 
 def _deployment(served) -> dict:
-    response = httpx.get(f"{served.services.prefect_url}/api/deployments/name/train/smoke")
+    response = served.api("get", "/deployments/name/train/smoke")
     response.raise_for_status()
     return response.json()
 
@@ -191,18 +188,16 @@ def test_a_ui_schedule_says_why_nothing_ran_survives_serve_and_ctrl_c(served) ->
     UI makes one (no continue_for) fires a run named for it that ends "Nothing to run" and
     says why; a run that Ctrl-C of `steprl serve` interrupts ends Crashed, not Running; no
     scheduled run is left queued; the next `steprl serve` keeps the schedule and resumes."""
-    api = f"{served.services.prefect_url}/api"
     log = served.root / ".steprl" / "ui-schedule.log"
     runner = _serve(served, log.name)
     try:
         deployment = _until("train/smoke ready", lambda: _registered(served, runner), RUN_S, log)
         assert [s["slug"] for s in deployment["schedules"]] == [], "serve's own cron is gone"
         earlier = {r["id"] for r in _scheduled_runs(served, deployment["id"])}
-        created = httpx.post(
-            f"{api}/deployments/{deployment['id']}/schedules",
+        created = served.api(
+            "post",
+            f"/deployments/{deployment['id']}/schedules",
             json=[{"schedule": {"cron": "* * * * *"}, "active": True}],
-            headers=served.csrf_headers(),
-            timeout=30,
         )
         assert created.status_code == 201, created.text
 
@@ -221,16 +216,15 @@ def test_a_ui_schedule_says_why_nothing_ran_survives_serve_and_ctrl_c(served) ->
 
         config = deployment["parameters"]["config"]
         longer = {"config": config | {"run": config["run"] | {"name": "cut", "iterations": 5}}}
-        made = httpx.post(
-            f"{api}/deployments/{deployment['id']}/create_flow_run",
+        made = served.api(
+            "post",
+            f"/deployments/{deployment['id']}/create_flow_run",
             json={"parameters": longer, "name": "cut-by-ctrl-c"},
-            headers=served.csrf_headers(),
-            timeout=30,
         )
-        flow_run = f"{api}/flow_runs/{made.json()['id']}"
+        flow_run = f"/flow_runs/{made.json()['id']}"
         _until(
             "the run to start",
-            lambda: httpx.get(flow_run).json()["state"]["type"] == "RUNNING",
+            lambda: served.api("get", flow_run).json()["state"]["type"] == "RUNNING",
             RUN_S,
             log,
         )
@@ -239,7 +233,7 @@ def test_a_ui_schedule_says_why_nothing_ran_survives_serve_and_ctrl_c(served) ->
         runner.wait(timeout=120)
     finally:
         stop_process_group(runner)
-    state = httpx.get(flow_run).json()["state"]
+    state = served.api("get", flow_run).json()["state"]
     assert state["type"] in {"CRASHED", "CANCELLED"}, state
     assert _deployment(served)["paused"]
     assert [

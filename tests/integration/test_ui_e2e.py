@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mlflow import MlflowClient
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
@@ -103,7 +102,7 @@ def runner(served) -> Iterator[Path]:
         def registered() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"the runner exited with {proc.returncode}:\n{_tail(log)}")
-            response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
+            response = served.api("get", "/deployments/name/train/smoke")
             return response.status_code == 200
 
         _wait_for("the train/smoke deployment", registered, RUNNER_START_S, lambda: _tail(log))
@@ -117,7 +116,7 @@ def deployment(served, runner) -> dict:
     """The `train/smoke` deployment, once its runner has polled the server (status READY)."""
     deadline = time.monotonic() + 120
     while True:
-        response = httpx.get(f"{_api(served)}/deployments/name/train/smoke", timeout=10)
+        response = served.api("get", "/deployments/name/train/smoke")
         if response.status_code == 200 and response.json().get("status") == "READY":
             return response.json()
         if time.monotonic() > deadline:
@@ -255,11 +254,10 @@ def test_api_refuses_a_bad_group_size(served, deployment) -> None:
         "config": parameters["config"]
         | {"rollout": parameters["config"]["rollout"] | {"group_size": 0}}
     }
-    response = httpx.post(
-        f"{_api(served)}/deployments/{deployment['id']}/create_flow_run",
+    response = served.api(
+        "post",
+        f"/deployments/{deployment['id']}/create_flow_run",
         json={"parameters": bad, "name": f"{RUN_NAME}-api-refused"},
-        headers=served.csrf_headers(),
-        timeout=10,
     )
     assert response.status_code in (409, 422), response.text
     assert "config.rollout.group_size" in response.text
@@ -283,17 +281,16 @@ def test_api_run_with_overlap_completes(served, deployment, runner) -> None:
             | {"off_policy_correction": "decoupled", "old_logprobs": "recompute"},
         }
     }
-    response = httpx.post(
-        f"{_api(served)}/deployments/{deployment['id']}/create_flow_run",
+    response = served.api(
+        "post",
+        f"/deployments/{deployment['id']}/create_flow_run",
         json={"parameters": overlapped, "name": name},
-        headers=served.csrf_headers(),
-        timeout=10,
     )
     assert response.status_code == 201, response.text
     flow_run_id = response.json()["id"]
 
     def finished() -> dict | None:
-        flow_run = httpx.get(f"{_api(served)}/flow_runs/{flow_run_id}", timeout=10).json()
+        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
         state = (flow_run.get("state") or {}).get("type")
         return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
 
@@ -355,7 +352,7 @@ def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
     flow_run_id = created[0]["id"]
 
     def finished() -> dict | None:
-        flow_run = httpx.get(f"{_api(served)}/flow_runs/{flow_run_id}", timeout=10).json()
+        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
         state = (flow_run.get("state") or {}).get("type")
         return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
 
@@ -516,17 +513,16 @@ def _run_from_api(served, deployment: dict, runner: Path, name: str, **sections)
     config = deployment["parameters"]["config"]
     config = config | {"run": config["run"] | {"name": name}}
     config |= {key: config.get(key, {}) | value for key, value in sections.items()}
-    response = httpx.post(
-        f"{_api(served)}/deployments/{deployment['id']}/create_flow_run",
+    response = served.api(
+        "post",
+        f"/deployments/{deployment['id']}/create_flow_run",
         json={"parameters": {"config": config}, "name": name},
-        headers=served.csrf_headers(),
-        timeout=10,
     )
     assert response.status_code == 201, response.text
     flow_run_id = response.json()["id"]
 
     def finished() -> dict | None:
-        flow_run = httpx.get(f"{_api(served)}/flow_runs/{flow_run_id}", timeout=10).json()
+        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
         state = (flow_run.get("state") or {}).get("type")
         return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
 
@@ -562,11 +558,10 @@ def test_a_config_error_fails_once(page: Page, served, deployment, runner) -> No
     done = _run_from_api(served, deployment, runner, name, env={"kwargs": {"no_such_arg": 1}})
     assert done["state"]["type"] == "FAILED", done["state"]
     assert "no_such_arg" in done["state"]["message"]
-    response = httpx.post(
-        f"{_api(served)}/task_runs/filter",
+    response = served.api(
+        "post",
+        "/task_runs/filter",
         json={"flow_runs": {"id": {"any_": [done["id"]]}}},
-        headers=served.csrf_headers(),
-        timeout=10,
     )
     response.raise_for_status()
     assert all(task_run["run_count"] <= 1 for task_run in response.json()), response.json()
@@ -596,7 +591,7 @@ def test_a_ui_schedule_on_a_finished_run_says_why_nothing_ran(
     page.get_by_role("button", name="Save", exact=True).click()
     schedules = _wait_for(
         "the schedule made in the UI",
-        lambda: httpx.get(f"{_api(served)}/deployments/{deployment['id']}").json()["schedules"],
+        lambda: served.api("get", f"/deployments/{deployment['id']}").json()["schedules"],
         30,
         lambda: "none stored",
     )
@@ -619,8 +614,7 @@ def test_a_ui_schedule_on_a_finished_run_says_why_nothing_ran(
         page.screenshot(path=SHOTS / "prefect-nothing-to-run.png")
     finally:
         for schedule in schedules:  # no more runs fired into the rest of the session
-            httpx.delete(
-                f"{_api(served)}/deployments/{deployment['id']}/schedules/{schedule['id']}",
-                headers=served.csrf_headers(),
-                timeout=10,
+            served.api(
+                "delete",
+                f"/deployments/{deployment['id']}/schedules/{schedule['id']}",
             )
