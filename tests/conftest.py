@@ -110,11 +110,8 @@ class Served:
         protection is on): a token fetched for a fresh client id, as Prefect's client does."""
         import uuid
 
-        import httpx
-
         client = str(uuid.uuid4())
-        api = f"{self.services.prefect_url}/api"
-        response = httpx.get(f"{api}/csrf-token", params={"client": client}, timeout=60)
+        response = self.api("get", "/csrf-token", params={"client": client}, timeout=60)
         response.raise_for_status()
         return {"Prefect-Csrf-Token": response.json()["token"], "Prefect-Csrf-Client": client}
 

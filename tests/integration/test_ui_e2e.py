@@ -74,6 +74,17 @@ def _wait_for(what: str, probe: Callable[[], Any], timeout_s: float, why: Callab
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}\n{why()}")
 
 
+def _ended(served, runner: Path, flow_run_id: str, what: str) -> dict:
+    """The flow run once it has ended (completed, failed, crashed or cancelled)."""
+
+    def ended() -> dict | None:
+        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
+        state = (flow_run.get("state") or {}).get("type")
+        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
+
+    return _wait_for(what, ended, FLOW_RUN_S, lambda: _tail(runner))
+
+
 @pytest.fixture(scope="module")
 def runner(served) -> Iterator[Path]:
     """`steprl serve --preset smoke --no-servers` in the temp working directory: registers the
@@ -289,12 +300,7 @@ def test_api_run_with_overlap_completes(served, deployment, runner) -> None:
     assert response.status_code == 201, response.text
     flow_run_id = response.json()["id"]
 
-    def finished() -> dict | None:
-        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
-        state = (flow_run.get("state") or {}).get("type")
-        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
-
-    done = _wait_for(f"flow run {flow_run_id}", finished, FLOW_RUN_S, lambda: _tail(runner))
+    done = _ended(served, runner, flow_run_id, f"flow run {flow_run_id}")
     assert done["state"]["type"] == "COMPLETED", f"{done['state']}\n{_tail(runner)}"
     client = MlflowClient(tracking_uri=served.services.mlflow_url)
     experiment = client.get_experiment_by_name("steprl-smoke")
@@ -351,14 +357,7 @@ def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
         context.close()
     flow_run_id = created[0]["id"]
 
-    def finished() -> dict | None:
-        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
-        state = (flow_run.get("state") or {}).get("type")
-        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
-
-    return _wait_for(
-        f"flow run {flow_run_id} to finish", finished, FLOW_RUN_S, lambda: _tail(runner)
-    )
+    return _ended(served, runner, flow_run_id, f"flow run {flow_run_id} to finish")
 
 
 def test_ui_run_completes_with_the_form_values(page: Page, served, ui_run, runner) -> None:
@@ -521,12 +520,7 @@ def _run_from_api(served, deployment: dict, runner: Path, name: str, **sections)
     assert response.status_code == 201, response.text
     flow_run_id = response.json()["id"]
 
-    def finished() -> dict | None:
-        flow_run = served.api("get", f"/flow_runs/{flow_run_id}").json()
-        state = (flow_run.get("state") or {}).get("type")
-        return flow_run if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
-
-    return _wait_for(f"flow run {name}", finished, FLOW_RUN_S, lambda: _tail(runner))
+    return _ended(served, runner, flow_run_id, f"flow run {name}")
 
 
 def test_refill_rounds_are_task_runs_in_the_ui(page: Page, served, deployment, runner) -> None:
