@@ -22,7 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.conftest import stop_process_group
+from tests.conftest import RETRYABLE_STATUS, stop_process_group
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -198,6 +198,26 @@ def _open_custom_run_form(page: Page, served, deployment: dict, attempts: int = 
                 raise
 
 
+def _post_from_ui(page: Page, fill: Callable[[], None], button: str, path_end: str) -> None:
+    """`fill()` a form of the UI, click `button` and wait for the browser's own POST to a path
+    ending `path_end`. A retryable answer (the server's 503 while its SQLite database is busy;
+    the UI drops the form on any answer) is met as a user would, by filling the form again, up
+    to five times; any other failure fails naming the answer."""
+
+    def posted(response) -> bool:
+        return response.request.method == "POST" and response.url.endswith(path_end)
+
+    for attempt in range(6):
+        fill()
+        with page.expect_response(posted, timeout=30_000) as answer:
+            page.get_by_role("button", name=button, exact=True).click()
+        response = answer.value
+        if response.status not in RETRYABLE_STATUS or attempt == 5:
+            break
+        time.sleep(2**attempt)
+    assert response.ok, f"the UI's POST {path_end} answered {response.status}: {response.text()}"
+
+
 def _flow_runs_named(served, name: str) -> list[dict]:
     return served.flow_runs({"name": {"any_": [name]}})
 
@@ -334,11 +354,14 @@ def ui_run(browser: Browser, served, deployment, runner: Path) -> dict:
     page.on("response", note_refusal)
     page.on("pageerror", lambda error: refused.append(f"page error: {error}"))
     try:
-        _open_custom_run_form(page, served, deployment)
-        page.locator(".flow-run-name-input input").fill(RUN_NAME)
-        _form_input(page, "Run", "Name").fill(RUN_NAME)
-        _form_input(page, "Trainer", "Learning Rate").fill(LEARNING_RATE)
-        page.get_by_role("button", name="Submit", exact=True).click()
+
+        def fill() -> None:
+            _open_custom_run_form(page, served, deployment)
+            page.locator(".flow-run-name-input input").fill(RUN_NAME)
+            _form_input(page, "Run", "Name").fill(RUN_NAME)
+            _form_input(page, "Trainer", "Learning Rate").fill(LEARNING_RATE)
+
+        _post_from_ui(page, fill, "Submit", "/create_flow_run")
         created = _wait_for(
             f"the flow run '{RUN_NAME}' created from the UI",
             lambda: _flow_runs_named(served, RUN_NAME),
@@ -574,15 +597,18 @@ def test_a_ui_schedule_on_a_finished_run_says_why_nothing_ran(
     to run" with why, instead of a bare Completed."""
     first = _run_from_api(served, deployment, runner, "smoke")
     assert first["state"]["type"] == "COMPLETED", first["state"]
-    page.goto(
-        f"{served.services.prefect_url}/deployments/deployment/{deployment['id']}",
-        wait_until="domcontentloaded",
-    )
-    page.get_by_role("button", name="Schedule", exact=True).click()
-    page.get_by_role("button", name="Cron", exact=True).click()
-    page.locator(".p-modal input[type=text]").nth(1).fill("* * * * *")
-    page.screenshot(path=SHOTS / "prefect-add-schedule.png")
-    page.get_by_role("button", name="Save", exact=True).click()
+
+    def fill() -> None:
+        page.goto(
+            f"{served.services.prefect_url}/deployments/deployment/{deployment['id']}",
+            wait_until="domcontentloaded",
+        )
+        page.get_by_role("button", name="Schedule", exact=True).click()
+        page.get_by_role("button", name="Cron", exact=True).click()
+        page.locator(".p-modal input[type=text]").nth(1).fill("* * * * *")
+        page.screenshot(path=SHOTS / "prefect-add-schedule.png")
+
+    _post_from_ui(page, fill, "Save", "/schedules")
     schedules = _wait_for(
         "the schedule made in the UI",
         lambda: served.api("get", f"/deployments/{deployment['id']}").json()["schedules"],
