@@ -163,7 +163,7 @@ def micro_shapes(trainer: PolicyTrainer, rows: list[TrainRow]) -> list[tuple[int
         for micro in mini:
             seqs = [sequences[i] for i in micro]
             if trainer.train_engine.tree is not None:
-                shapes.append((collate_tree(seqs, rows).input_ids.shape[1], 1))
+                shapes.append((collate_tree(seqs, rows)[0].input_ids.shape[1], 1))
             else:
                 shapes.append((max(len(q.input_ids) for q in seqs), len(seqs)))
     return shapes

@@ -15,6 +15,9 @@ from PIL import Image
 # with fewer images is padded with all-zero images, which these models skip); every other
 # model takes its images one after another along the first dimension, prompt by prompt
 PER_PROMPT = ("idefics2", "idefics3", "smolvlm")
+# models whose every picture is the same number of image tokens (a fixed-resolution processor):
+# the update's prefix trees tell their pictures apart (`trainer.batching.tree_keys`)
+FIXED_TOKENS = ("llava",)
 
 
 def check_positions(model: Any) -> None:

@@ -8,11 +8,14 @@ A micro-batch is either left-padded sequences (`collate`) or one prefix tree (`c
 every distinct prefix of its sequences is one position, attending to its ancestors only, so the
 system prompt, a group's task prompt and a trajectory's earlier steps are processed once. A
 token's hidden state depends only on the tokens before it and its position, so the tree gives
-the same logits, loss and gradients as the padded batch (tests/unit/test_prefix_tree.py).
+the same logits, loss and gradients as the padded batch (tests/unit/test_prefix_tree.py). In a
+VLM's prompt equal image tokens may stand for different pictures: the tree merges on `tree_keys`,
+where each image token carries its picture's digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -226,24 +229,66 @@ def collate(sequences: list[TrainSequence], rows: list[TrainRow], pad_id: int) -
     )
 
 
-def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroBatch:
-    """`sequences` merged into one prefix tree (a trie over their token ids): a [1, T] batch
-    where T is the number of distinct prefixes, with a tree attention mask and each position's
-    depth as its position id."""
+def _digest(image) -> int:
+    """A picture's identity as a negative number (never a token id): 64 bits of its pixels'
+    BLAKE2b digest, with its size and mode."""
+    data = f"{image.mode}{image.size}".encode() + image.tobytes()
+    return -1 - int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def tree_keys(
+    sequences: list[TrainSequence], images: list[list] | None, image_token: int | None
+) -> list[list[int]]:
+    """What a prefix tree merges on: each sequence's token ids, where a VLM's image token
+    (`image_token`, `images[i]` the pictures sequence i shows, in prompt order) is its
+    picture's digest instead. Every picture is the same number of image tokens (a
+    fixed-resolution, LLaVA-style processor), so image token k of a sequence stands for
+    picture k // (its image tokens / its pictures)."""
+    if image_token is None or images is None:
+        return [seq.input_ids for seq in sequences]
+    keys = []
+    for seq, shown in zip(sequences, images, strict=True):
+        at = [t for t, token in enumerate(seq.input_ids) if token == image_token]
+        if len(at) % max(1, len(shown)) or bool(at) != bool(shown):
+            raise ValueError(
+                f"a prompt shows {len(shown)} image(s) in {len(at)} image tokens: a prefix tree "
+                "needs the same number of tokens per image (set trainer.shared_prefix=false)"
+            )
+        ids, per = list(seq.input_ids), len(at) // max(1, len(shown))
+        digests = [_digest(image) for image in shown]
+        for k, t in enumerate(at):
+            ids[t] = digests[k // per]
+        keys.append(ids)
+    return keys
+
+
+def collate_tree(
+    sequences: list[TrainSequence], rows: list[TrainRow], keys: list[list[int]] | None = None
+) -> tuple[MicroBatch, list]:
+    """`sequences` merged into one prefix tree (a trie over their `tree_keys`, by default
+    their token ids): a [1, T] batch where T is the number of distinct prefixes, with a tree
+    attention mask and each position's depth as its position id. Also returns the pictures
+    the tree's image tokens stand for, in tree order (each once; `keys` from `tree_keys`)."""
+    keys = keys if keys is not None else [seq.input_ids for seq in sequences]
+    shown = sequence_images(sequences, rows)
     children: list[dict[int, int]] = [{}]  # node 0 is the empty prefix
-    parents, tokens, depths = [-1], [0], [-1]
+    parents, tokens, depths, pictures = [-1], [0], [-1], []
     paths = []
-    for seq in sequences:
-        node, path = 0, []
-        for depth, token in enumerate(seq.input_ids):
-            child = children[node].get(token)
+    for b, seq in enumerate(sequences):
+        per = sum(key < 0 for key in keys[b]) // max(1, len(shown[b]))  # tokens per picture
+        node, path, seen = 0, [], 0  # seen: the image tokens before this one
+        for depth, (token, key) in enumerate(zip(seq.input_ids, keys[b], strict=True)):
+            child = children[node].get(key)
             if child is None:
                 child = len(tokens)
-                children[node][token] = child
+                children[node][key] = child
                 children.append({})
                 parents.append(node)
                 tokens.append(token)
                 depths.append(depth)
+                if key < 0 and seen % per == 0:  # a picture's first token, new to the tree
+                    pictures.append(shown[b][seen // per])
+            seen += key < 0
             node = child
             path.append(child - 1)  # tree position, without the empty prefix
         paths.append(path)
@@ -253,7 +298,7 @@ def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroB
         if parents[node] > 0:
             mask[node - 1] = mask[parents[node] - 1]
         mask[node - 1, node - 1] = True
-    return _micro_batch(
+    batch = _micro_batch(
         sequences,
         rows,
         lambda b, t: (0, paths[b][t]),
@@ -261,6 +306,7 @@ def collate_tree(sequences: list[TrainSequence], rows: list[TrainRow]) -> MicroB
         torch.from_numpy(mask)[None, None],
         torch.tensor([depths[1:]], dtype=torch.long),
     )
+    return batch, pictures
 
 
 def _micro_batch(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from agent_core.algorithms.losses import token_entropy
 from agent_core.models import is_vision_folder
-from agent_core.prompting.vision import vision_inputs
+from agent_core.prompting.vision import FIXED_TOKENS, vision_inputs
 from agent_core.trainer import lora
 from agent_core.trainer.batching import (
     MicroBatch,
@@ -29,6 +29,7 @@ from agent_core.trainer.batching import (
     sequence_images,
     sequence_role,
     split_by_role,
+    tree_keys,
     tree_microbatches,
 )
 from agent_core.trainer.checkpoint import gathered_state, load_checkpoint_state, save_checkpoint
@@ -75,10 +76,14 @@ class TrainEngine:
             self.compute_dtype = "float32"  # every rank computes in the same dtype
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
+        # a VLM's image token: in a prefix tree it carries its picture's digest (`tree_keys`)
+        self.image_token = None
+        if self.processor is not None:
+            self.image_token = self.tokenizer.convert_tokens_to_ids(self.processor.image_token)
         # prefix-tree micro-batches of at most this many positions (None: left-padded ones); a
-        # VLM's never: equal image tokens may stand for different pictures
-        shared = cfg.shared_prefix and self.processor is None
-        self.tree = cfg.micro_batch_tokens if shared else None
+        # VLM's only where every picture is the same number of image tokens
+        seen = self.processor is None or self.module.lm.config.model_type in FIXED_TOKENS
+        self.tree = cfg.micro_batch_tokens if cfg.shared_prefix and seen else None
         # one process, ZeRO 0: a step's gradients in one buffer (ranks and ZeRO keep their own)
         self.flat_grads = None
         if cfg.zero_stage == 0 and self.world == 1:
@@ -203,14 +208,15 @@ class TrainEngine:
         trainer.shared_prefix, else left-padded rows (a VLM's with the pixel values of the
         images each sequence shows)."""
         first = rows[sequences[0].spans[0][0]]
-        if self.tree is not None:
-            batch = collate_tree(sequences, rows)
+        model_type = self.module.lm.config.model_type
+        if self.tree is not None:  # a prefix tree's pictures: one prompt showing each once
+            batch, pictures = collate_tree(sequences, rows, self.tree_keys(sequences, rows))
+            shown = [pictures] if pictures else []
         else:
             batch = collate(sequences, rows, self.pad_id)
             shown = sequence_images(sequences, rows) if self.processor is not None else []
-            if any(shown):
-                model_type = self.module.lm.config.model_type
-                batch.vision = vision_inputs(self.processor, model_type, shown)
+        if any(shown):
+            batch.vision = vision_inputs(self.processor, model_type, shown)
         batch.role, batch.adapter = first.role, first.adapter
         return batch.to(self.device)
 
@@ -222,13 +228,22 @@ class TrainEngine:
         given) are split so that each micro-batch holds one role's."""
         size, everything = self.cfg.micro_batch_size, list(range(len(sequences)))
         if self.tree is not None:
-            tokens = [s.input_ids for s in sequences]
-            micros = tree_microbatches(tokens, everything, size, self.tree)
+            keys = self.tree_keys(sequences, rows)
+            micros = tree_microbatches(keys, everything, size, self.tree)
         else:
             micros = [everything[start : start + size] for start in range(0, len(everything), size)]
         if rows is not None and any(r.role for r in rows):
             micros = split_by_role(micros, [sequence_role(s, rows) for s in sequences])
         return [[sequences[i] for i in micro] for micro in micros]
+
+    def tree_keys(
+        self, sequences: list[TrainSequence], rows: list[TrainRow] | None
+    ) -> list[list[int]]:
+        """What prefix trees of `sequences` merge on: their token ids, a VLM's image tokens
+        standing for their pictures (`batching.tree_keys`)."""
+        if self.tree is None or rows is None:
+            return [seq.input_ids for seq in sequences]
+        return tree_keys(sequences, sequence_images(sequences, rows), self.image_token)
 
     def backward(self, loss: torch.Tensor, weight: float) -> None:
         """Backward of a micro-batch loss that is already a share of the global mini-batch

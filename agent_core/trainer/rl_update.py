@@ -305,7 +305,7 @@ class RLUpdate:
         first = [rows[s.spans[0][0]] for s in sequences]
         keys = episode_keys(rows) if supervised else None
         plan = plan_minibatches(
-            [s.input_ids for s in sequences],
+            self.engine.tree_keys(sequences, rows),
             self.cfg.mini_batch_size,
             self.cfg.micro_batch_size,
             self.seed + 1000 * iteration + epoch,

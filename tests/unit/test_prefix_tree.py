@@ -56,7 +56,7 @@ def _rows(seed: int) -> list[TrainRow]:
 def test_tree_holds_each_distinct_prefix_once() -> None:
     rows = _rows(0)
     sequences, _ = build_sequences(rows, pack=False)
-    batch = collate_tree(sequences, rows)
+    batch, _ = collate_tree(sequences, rows)
     prefixes = {tuple(s.input_ids[: n + 1]) for s in sequences for n in range(len(s.input_ids))}
     assert batch.input_ids.shape == (1, len(prefixes))
     assert batch.input_ids.shape[1] < sum(len(s.input_ids) for s in sequences) / 3
@@ -114,7 +114,7 @@ def _loss_and_grads(trainer: PolicyTrainer, rows: list[TrainRow], tree: bool, pa
     for start in range(0, len(sequences), 4):
         seqs = sequences[start : start + 4]
         pad = trainer.train_engine.pad_id
-        batch = collate_tree(seqs, rows) if tree else collate(seqs, rows, pad)
+        batch = collate_tree(seqs, rows)[0] if tree else collate(seqs, rows, pad)
         out = trainer.policy_loss.backward(batch, token_count, step_count, 1.0, traj_count)
         total += out["loss"]
         for key in ("clip_fraction", "approx_kl", "kl_ref", "value_loss"):

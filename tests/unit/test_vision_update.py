@@ -7,11 +7,13 @@ carries its processor."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoProcessor
 
 from agent_core.core.images import ImageBag
@@ -19,7 +21,7 @@ from agent_core.models import is_vision_folder
 from agent_core.prompting.renderer import PromptRenderer
 from agent_core.rollout.engines.hf import HFRolloutEngine
 from agent_core.rollout.loop import AgentEnvLoop
-from agent_core.trainer.batching import TrainRow, build_sequences
+from agent_core.trainer.batching import TrainRow, build_sequences, collate_tree, tree_keys
 from agent_core.trainer.policy_trainer import PolicyTrainer
 from configs.trainer import TrainerSection
 from tests.unit.test_vision_rollout import META, SAMPLING, ShowColors
@@ -60,7 +62,43 @@ def test_the_trainer_recomputes_the_rollouts_logprobs_with_its_images(rows, tiny
     assert max(abs(r) for r in trainer.log_ratios(rows)) < 1e-4
     sequences, packed = build_sequences(rows, pack=True)
     assert packed == 2 and len(sequences) == 2  # each episode is one forward with its images
-    assert trainer.train_engine.tree is None  # no prefix trees: equal image tokens may differ
+    assert trainer.train_engine.tree is not None  # prefix trees tell pictures apart
+
+
+def _recolored(row: TrainRow, color: tuple[int, int, int]) -> TrainRow:
+    """`row` with its last picture painted `color`: the same prompt ids, another picture."""
+    last = Image.new(row.images[-1].mode, row.images[-1].size, color)
+    return replace(row, images=(*row.images[:-1], last))
+
+
+def test_a_prefix_tree_tells_equal_image_tokens_apart(rows, tiny_vlm_dir):
+    """Rows whose prompt ids are equal but whose last picture differs share their prompt's text
+    in the tree, not their pictures: the tree's log-probs are the left-padded batch's (where a
+    tree merged on token ids alone would give the twins the first twin's picture)."""
+    trainer = PolicyTrainer(tiny_vlm_dir, TrainerSection(**FAST), temperature=1.0, seed=0)
+    engine = trainer.train_engine
+    base = [r for r in rows if r.step_index == 2]
+    twins = base + [_recolored(r, (255, 0, 255)) for r in base] + [_recolored(base[0], (0, 0, 0))]
+    sequences, _ = build_sequences(twins, pack=False)
+    keys = engine.tree_keys(sequences, twins)
+    tree, pictures = collate_tree(sequences, twins, keys)
+    assert len({tuple(r.prompt_ids) for r in twins}) == len(base)  # equal ids...
+    shown = {tuple(_pixels(i) for i in r.images[:k]) for r in twins for k in range(1, 4)}
+    assert len(pictures) == len(shown)  # ...each picture once after each distinct prefix
+    assert tree.input_ids.shape[1] < sum(len(s.input_ids) for s in sequences) / 2
+    by_tree = trainer.forwards.policy_logprobs(twins)
+    engine.tree = None
+    padded = trainer.forwards.policy_logprobs(twins)
+    for a, b in zip(by_tree, padded, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert max(abs(x - y) for x, y in zip(padded[0], padded[len(base)], strict=True)) > 1e-3
+    for wrong in ([], [*twins[0].images, *twins[1].images[:2]]):  # 0 or 5 pictures, not 3
+        with pytest.raises(ValueError, match="shared_prefix=false"):
+            tree_keys(sequences[:1], [wrong], engine.image_token)
+
+
+def _pixels(image: Image.Image) -> bytes:
+    return image.tobytes()
 
 
 def test_an_update_trains_the_projector_not_the_frozen_vision_tower(rows, tiny_vlm_dir):
