@@ -98,7 +98,9 @@ class TrainerSection(Section):
         True,
         description="Merge each micro-batch's sequences into one prefix tree with a tree "
         "attention mask: a prefix shared by many rows (system prompt, worked examples, a "
-        "group's task) is processed once. Same loss and gradients; false = left-padded rows.",
+        "group's task) is processed once. Same loss and gradients; false = left-padded rows. "
+        "A VLM's rows merge where each picture is a fixed number of image tokens (LLaVA-style), "
+        "each picture told apart by its digest; others stay left-padded.",
     )
     skip_zero_advantage: bool = Field(
         True,
