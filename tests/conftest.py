@@ -96,6 +96,7 @@ def hold_run_lock(run_dir: Path) -> subprocess.Popen:
 # answers Prefect's client retries (prefect.client.base): too many requests, a bad gateway, and
 # the 503 its server sends for a busy SQLite database
 RETRYABLE_STATUS = frozenset({429, 502, 503})
+RETRY_WAITS_S = (1, 2, 4, 8, 16)  # between the tries of a retryable answer
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Served:
         kwargs.setdefault("timeout", 30)
         url = f"{self.services.prefect_url}/api{path}"
         response = httpx.request(method, url, **kwargs)
-        for wait_s in (1, 2, 4, 8, 16):
+        for wait_s in RETRY_WAITS_S:
             if response.status_code not in RETRYABLE_STATUS:
                 break
             time.sleep(wait_s)

@@ -22,7 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.conftest import RETRYABLE_STATUS, stop_process_group
+from tests.conftest import RETRY_WAITS_S, RETRYABLE_STATUS, stop_process_group
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -201,20 +201,20 @@ def _open_custom_run_form(page: Page, served, deployment: dict, attempts: int = 
 def _post_from_ui(page: Page, fill: Callable[[], None], button: str, path_end: str) -> None:
     """`fill()` a form of the UI, click `button` and wait for the browser's own POST to a path
     ending `path_end`. A retryable answer (the server's 503 while its SQLite database is busy;
-    the UI drops the form on any answer) is met as a user would, by filling the form again, up
-    to five times; any other failure fails naming the answer."""
+    the UI drops the form on any answer) is met as a user would, by filling the form again, with
+    `Served.api`'s waits; any other failure fails naming the answer."""
 
     def posted(response) -> bool:
         return response.request.method == "POST" and response.url.endswith(path_end)
 
-    for attempt in range(6):
+    for wait_s in (*RETRY_WAITS_S, None):
         fill()
         with page.expect_response(posted, timeout=30_000) as answer:
             page.get_by_role("button", name=button, exact=True).click()
         response = answer.value
-        if response.status not in RETRYABLE_STATUS or attempt == 5:
+        if response.status not in RETRYABLE_STATUS or wait_s is None:
             break
-        time.sleep(2**attempt)
+        time.sleep(wait_s)
     assert response.ok, f"the UI's POST {path_end} answered {response.status}: {response.text()}"
 
 
